@@ -1,0 +1,1 @@
+"""Command-line entry points. Each command module imports heavy libraries inside ``run``."""

@@ -1,0 +1,57 @@
+"""`tokenflow` command: parse the command line first, import heavy modules after.
+
+Every command lives in its own module exposing ``register(subparsers)`` (light: argparse only)
+which sets ``func`` on its parser; ``func(args)`` does the work and returns an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> module; each module defines register(subparsers).
+COMMANDS = {
+    "train": "tokenflow.cli.train",
+    "eval": "tokenflow.cli.eval",
+    "bench": "tokenflow.bench",
+    "simulate": "tokenflow.cli.simulate",
+    "report": "tokenflow.cli.report",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenflow",
+        description="Asynchronous RL post-training for language models.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # a command whose module is not part of this build
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Typed configuration: sections, TOML loading, dotted command-line overrides."""

@@ -1,0 +1,166 @@
+"""Timeline tracing in Chrome trace-event format (opens in Perfetto / chrome://tracing).
+
+Every process calls :func:`configure` once with its own file and name; instrumented code wraps
+work in ``with span("engine/decode", seqs=n): ...``. When tracing is off (the default) a span is
+a shared no-op object, so instrumentation costs one attribute lookup and one branch.
+
+Events are buffered in memory and appended to ``<dir>/<process>.jsonl`` (one JSON event per
+line) every ``flush_every`` events and at exit; :func:`merge` joins the per-process files into one
+``trace.json``. Timestamps are wall-clock microseconds so spans from different processes line
+up on one axis.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+
+class _Tracer:
+    def __init__(self, path: Path, process_name: str, flush_every: int = 2000) -> None:
+        self.path = path
+        self.pid = os.getpid()
+        self.process_name = process_name
+        self.flush_every = flush_every
+        self.events: list[dict] = []
+        self.lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._emit({"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
+                    "args": {"name": process_name}})
+        atexit.register(self.flush)
+
+    def _emit(self, event: dict) -> None:
+        with self.lock:
+            self.events.append(event)
+            full = len(self.events) >= self.flush_every
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            events, self.events = self.events, []
+        if not events:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            for e in events:
+                f.write(json.dumps(e, separators=(",", ":")) + "\n")
+
+    def complete(self, name: str, start_s: float, dur_s: float, args: dict | None) -> None:
+        ev = {"name": name, "ph": "X", "ts": start_s * 1e6, "dur": dur_s * 1e6,
+              "pid": self.pid, "tid": threading.get_ident() % 1_000_000}
+        cat = name.split("/", 1)[0]
+        ev["cat"] = cat
+        if args:
+            ev["args"] = args
+        self._emit(ev)
+
+    def counter(self, name: str, values: dict) -> None:
+        self._emit({"name": name, "ph": "C", "ts": time.time() * 1e6, "pid": self.pid,
+                    "tid": 0, "args": values})
+
+
+_tracer: _Tracer | None = None
+
+
+def configure(trace_dir: str | os.PathLike | None, process_name: str) -> None:
+    """Turn tracing on for this process (``trace_dir`` set) or off (``None``)."""
+    global _tracer
+    if _tracer is not None:
+        _tracer.flush()
+    if trace_dir is None:
+        _tracer = None
+        return
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in process_name)
+    _tracer = _Tracer(Path(trace_dir) / f"{safe}-{os.getpid()}.jsonl", process_name)
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+class _Span:
+    __slots__ = ("name", "args", "start")
+
+    def __init__(self, name: str, args: dict) -> None:
+        self.name = name
+        self.args = args
+
+    def __enter__(self) -> "_Span":
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        tracer = _tracer
+        if tracer is not None:
+            tracer.complete(self.name, self.start, time.time() - self.start, self.args)
+
+
+class _NoSpan:
+    __slots__ = ()
+
+    def __enter__(self) -> "_NoSpan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
+
+
+def span(name: str, **args):
+    """Context manager recording a complete ("X") event named ``name`` (``category/what``)."""
+    if _tracer is None:
+        return _NO_SPAN
+    return _Span(name, args)
+
+
+def record(name: str, start_s: float, dur_s: float, **args) -> None:
+    """Record a span measured elsewhere (start in ``time.time()`` seconds)."""
+    if _tracer is not None:
+        _tracer.complete(name, start_s, dur_s, args)
+
+
+def counter(name: str, **values: float) -> None:
+    """Record a counter sample (a line in the trace viewer), e.g. buffer fill."""
+    if _tracer is not None:
+        _tracer.counter(name, values)
+
+
+def flush() -> None:
+    if _tracer is not None:
+        _tracer.flush()
+
+
+def merge(trace_dir: str | os.PathLike, out_path: str | os.PathLike) -> int:
+    """Join every per-process ``*.jsonl`` under ``trace_dir`` into one trace-event JSON file."""
+    events: list[dict] = []
+    for f in sorted(Path(trace_dir).glob("*.jsonl")):
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    try:
+                        events.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a process killed mid-write leaves a torn last line
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return len(events)
+
+
+@contextmanager
+def suspended():
+    """Temporarily disable tracing (e.g. while measuring tracing overhead)."""
+    global _tracer
+    saved, _tracer = _tracer, None
+    try:
+        yield
+    finally:
+        _tracer = saved

@@ -1,0 +1,134 @@
+"""The rollout record that flows engine → scorer → buffer → trainer.
+
+One `Rollout` is one sampled completion of one prompt. Per-token arrays are NumPy so that a
+rollout crosses a process boundary (pickle, shared memory, Ray's object store) as a few flat
+buffers instead of millions of Python objects.
+
+Conventions (see `shared/REFERENCES.md`):
+
+* ``logprobs[t]`` is the **behaviour log-prob** log μ(a_t): the log-probability of the sampled
+  token under the distribution the engine actually sampled from, i.e. ``softmax(logits / T)``
+  restricted to the kept support ``S_t`` and renormalised. With no truncation (top_k = 0,
+  top_p = 1) it is simply ``log_softmax(logits / T)[a_t]``. For greedy decoding (T = 0) it is
+  ``log_softmax(logits)[a_t]`` (T taken as 1), as vLLM reports it.
+* ``support_logmass[t]`` is ``log Σ_{s∈S_t} softmax(logits / T)[s]`` (0 when nothing was cut),
+  so the full-vocabulary log-prob is ``logprobs[t] + support_logmass[t]``.
+* ``versions[t]`` is the policy version (optimizer steps applied) of the weights that produced
+  token t. A rollout may hold several versions when weights changed mid-generation.
+* ``support[t]`` is the sorted array of token ids kept by top-k/top-p at step t, or ``None`` when
+  the whole vocabulary was kept ("Keep Sampling Mask").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+def _i32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int32).reshape(-1)
+
+
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).reshape(-1)
+
+
+@dataclass
+class Rollout:
+    """One sampled completion with everything the trainer needs to correct for staleness."""
+
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: FinishReason = "length"
+    temperature: float = 1.0
+    support_logmass: np.ndarray | None = None
+    support: list[np.ndarray | None] | None = None
+    loss_mask: np.ndarray | None = None
+    """1 for model-generated tokens that count in the loss, 0 for environment/tool tokens."""
+    request_id: str = ""
+    sample_index: int = 0
+    group_id: int = 0
+    """Rollouts of one prompt (the n samples) share a group id; advantages are computed within it."""
+    prompt_id: int = -1
+    """The prompt's id in its dataset, for exact accounting across resume."""
+    reward: float | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    failed: bool = False
+    """The scorer raised or timed out for this rollout; it carries no reward signal."""
+    text: str | None = None
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = _i32(self.prompt_ids)
+        self.completion_ids = _i32(self.completion_ids)
+        self.logprobs = _f32(self.logprobs)
+        self.versions = _i32(self.versions)
+        n = len(self.completion_ids)
+        if self.loss_mask is None:
+            self.loss_mask = np.ones(n, dtype=np.int8)
+        else:
+            self.loss_mask = np.asarray(self.loss_mask, dtype=np.int8).reshape(-1)
+        if self.support_logmass is not None:
+            self.support_logmass = _f32(self.support_logmass)
+        for name in ("logprobs", "versions", "loss_mask", "support_logmass"):
+            arr = getattr(self, name)
+            if arr is not None and len(arr) != n:
+                raise ValueError(
+                    f"Rollout.{name} has {len(arr)} entries but the completion has {n} tokens; "
+                    "per-token arrays must have one entry per completion token"
+                )
+        if self.support is not None and len(self.support) != n:
+            raise ValueError(
+                f"Rollout.support has {len(self.support)} entries but the completion has {n} tokens"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def full_logprobs(self) -> np.ndarray:
+        """Full-vocabulary behaviour log-probs ``log softmax(logits/T)[a_t]``."""
+        if self.support_logmass is None:
+            return self.logprobs
+        return self.logprobs + self.support_logmass
+
+    def token_ages(self, trainer_version: int) -> np.ndarray:
+        """Age of each token at consumption, in optimizer steps: trainer version − token version."""
+        return trainer_version - self.versions
+
+    def extend(self, other: "Rollout") -> "Rollout":
+        """Concatenate a continuation (prefix resume) onto this partial rollout."""
+        sup = None
+        if self.support is not None or other.support is not None:
+            sup = list(self.support or [None] * self.num_tokens) + list(
+                other.support or [None] * other.num_tokens
+            )
+        logmass = None
+        if self.support_logmass is not None or other.support_logmass is not None:
+            a = self.support_logmass if self.support_logmass is not None else np.zeros(self.num_tokens)
+            b = other.support_logmass if other.support_logmass is not None else np.zeros(other.num_tokens)
+            logmass = np.concatenate([a, b])
+        return Rollout(
+            prompt_ids=self.prompt_ids,
+            completion_ids=np.concatenate([self.completion_ids, other.completion_ids]),
+            logprobs=np.concatenate([self.logprobs, other.logprobs]),
+            versions=np.concatenate([self.versions, other.versions]),
+            finish_reason=other.finish_reason,
+            temperature=self.temperature,
+            support_logmass=logmass,
+            support=sup,
+            loss_mask=np.concatenate([self.loss_mask, other.loss_mask]),
+            request_id=self.request_id,
+            sample_index=self.sample_index,
+            group_id=self.group_id,
+            prompt_id=self.prompt_id,
+            text=None,
+            info={**self.info, **other.info},
+        )
