@@ -1,0 +1,138 @@
+"""Config sections owned by the runtime: run, model, task, rollout, sampling, sync, runtime, metrics.
+
+The engine, algorithm and trainer sections live beside their code
+(``tokenflow.engine.config``, ``tokenflow.algorithms.config``, ``tokenflow.trainer.config``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tokenflow.config.base import ConfigModel
+
+
+class RunConfig(ConfigModel):
+    name: str | None = None
+    """Run name; the run folder is ``runs/<name>/`` unless ``output_dir`` is set. Default: a timestamp."""
+    output_dir: str | None = None
+    """Run folder (resolved config, metrics.jsonl, checkpoints, summary.json)."""
+    seed: int = 0
+    """Seeds prompts order, sampling and model initialisation of value heads."""
+    steps: int = Field(default=50, ge=1)
+    """Optimizer steps to train (one step = one policy version)."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate held-out greedy accuracy every N steps (0: only before and after training)."""
+    eval_limit: int | None = Field(default=None, ge=1)
+    """Evaluate on at most this many held-out prompts (None: the whole split)."""
+    checkpoint_every: int = Field(default=10, ge=0)
+    """Write a checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """How many of the most recent checkpoints to keep."""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Where engine and trainer run unless their own sections say otherwise."""
+
+
+class ModelConfig(ConfigModel):
+    path: str = "default"
+    """Hugging Face-format model folder; "default" is the tiny arithmetic model shipped with tokenflow."""
+    trust_remote_code: bool = False
+    """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
+
+
+class TaskConfig(ConfigModel):
+    name: Literal["arithmetic", "dataset"] = "arithmetic"
+    """"arithmetic" (built in) or "dataset" (prompts from a local JSONL/Parquet file + your reward)."""
+    seed: int = 0
+    """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
+    num_eval: int = Field(default=256, ge=1)
+    """Held-out prompts (arithmetic)."""
+    train_path: str | None = None
+    """Training prompts: a local .jsonl/.json/.parquet file (dataset task)."""
+    eval_path: str | None = None
+    """Held-out prompts file (dataset task); default: hold out ``eval_fraction`` of train_path."""
+    eval_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Share of train_path held out for evaluation when eval_path is not given."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text."""
+    reward: str | None = None
+    """Reward function as "module:function" or "path/to/file.py:function"."""
+    chat_template: bool = False
+    """Wrap each prompt in the tokenizer's chat template as a user message."""
+    system_prompt: str | None = None
+    """Optional system message when chat_template is on."""
+
+    @model_validator(mode="after")
+    def _dataset_needs_files(self) -> "TaskConfig":
+        if self.name == "dataset":
+            if not self.train_path:
+                raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
+            if not self.reward:
+                raise ValueError('task.name = "dataset" needs task.reward = "module:function"')
+        return self
+
+
+class RolloutConfig(ConfigModel):
+    prompts_per_step: int = Field(default=16, ge=1)
+    """Prompts (groups) consumed by one optimizer step."""
+    group_size: int = Field(default=8, ge=1)
+    """Samples per prompt (the GRPO group, the engine's n)."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Admission bound K: at most (K+1) × rollouts per step admitted and not yet consumed. 0 = synchronous."""
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+class SamplingConfig(ConfigModel):
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature for training rollouts (evaluation is always greedy)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1 = off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Keep the k most likely tokens (0 = off)."""
+    max_tokens: int = Field(default=96, ge=1)
+    """Maximum completion length in tokens."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings (the end-of-sequence token always stops)."""
+
+
+class SyncConfig(ConfigModel):
+    transport: Literal["shared_memory", "broadcast"] = "shared_memory"
+    """How weights reach the engine: shared memory (one machine) or a packed torch.distributed broadcast."""
+    every: int = Field(default=1, ge=1)
+    """Push weights to the engine every N optimizer steps."""
+    bucket_mb: float = Field(default=32.0, gt=0)
+    """Bucket size for the packed broadcast, in MiB."""
+    checksum: bool = False
+    """Verify each update with a checksum of the loaded weights."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Longest wait for any sync collective before the run fails naming the peer."""
+
+
+class RuntimeConfig(ConfigModel):
+    backend: Literal["local", "ray"] = "local"
+    """"local": processes on this machine, no services. "ray": Ray actors (pip install "tokenflow-rl[ray]")."""
+    scorer_workers: int = Field(default=1, ge=1)
+    """Reward worker processes."""
+    score_timeout_s: float = Field(default=10.0, gt=0)
+    """Per-sample reward timeout; a sample past it is marked failed, not the run."""
+    worker_timeout_s: float = Field(default=300.0, gt=0)
+    """Longest silence from a worker process before the run stops with its name."""
+    ray_address: str | None = None
+    """Ray cluster to join (None: start a local one)."""
+
+
+class MetricsConfig(ConfigModel):
+    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Where metrics go; JSONL is always written."""
+    wandb_project: str = "tokenflow"
+    """W&B project (sink "wandb")."""
+    wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+    """W&B mode; offline writes files without a network."""
+    trace: bool = False
+    """Write a timeline trace (Chrome trace-event JSON, opens in Perfetto) to the run folder."""
+    progress: bool = True
+    """Show the live progress view in the terminal."""

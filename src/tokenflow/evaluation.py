@@ -1,0 +1,69 @@
+"""Held-out evaluation: greedy accuracy of a model on a task's eval split.
+
+Accuracy is the fraction of eval prompts whose greedy completion gets reward ≥ 0.5 (for the
+0/1 rewards of verifiable tasks, the fraction solved).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from tokenflow.tasks.base import Prompt, Task
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Prompt token ids: BOS (when the tokenizer has one and does not add it itself) + text."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = tokenizer.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
+
+
+def score_completions(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
+    out = []
+    for p, c in zip(prompts, completions):
+        r = task.reward_fn(p.text, c, p.example)
+        out.append(float(r["reward"] if isinstance(r, dict) else r))
+    return out
+
+
+def accuracy_of(generate: Callable[[list[list[int]]], list[str]], tokenizer, task: Task,
+                limit: int | None = None) -> float:
+    prompts = task.eval_prompts()[:limit]
+    completions = generate([encode_prompt(tokenizer, p.text) for p in prompts])
+    rewards = score_completions(task, prompts, completions)
+    return sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
+
+
+def hf_greedy_generate(model, tokenizer, max_new_tokens: int = 96, batch: int = 256):
+    """A ``generate`` callable for :func:`accuracy_of` backed by a transformers model."""
+    import torch
+
+    def generate(prompt_ids: list[list[int]]) -> list[str]:
+        out: list[str] = []
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        was_training = model.training
+        model.eval()
+        for i in range(0, len(prompt_ids), batch):
+            chunk = prompt_ids[i : i + batch]
+            width = max(map(len, chunk))
+            ids = torch.full((len(chunk), width), pad)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, row in enumerate(chunk):  # left padding, as generate() expects
+                ids[j, width - len(row):] = torch.tensor(row)
+                mask[j, width - len(row):] = 1
+            with torch.no_grad():
+                gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                     eos_token_id=tokenizer.eos_token_id)
+            out += tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+        model.train(was_training)
+        return out
+
+    return generate
+
+
+def greedy_accuracy(model, tokenizer, task: Task, limit: int | None = None) -> float:
+    """Held-out greedy accuracy of an in-memory transformers model."""
+    return accuracy_of(hf_greedy_generate(model, tokenizer), tokenizer, task, limit)

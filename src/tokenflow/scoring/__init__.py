@@ -1,0 +1,1 @@
+"""Scoring: rewards computed in worker processes."""
