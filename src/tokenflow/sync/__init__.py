@@ -1,0 +1,1 @@
+"""Weight sync transports: shared memory and packed torch.distributed broadcast."""

@@ -1,0 +1,111 @@
+"""Weight sync from trainer to engines: one small interface, several transports.
+
+The trainer holds a ``WeightSender``, each engine a ``WeightReceiver``; they agree at start on a
+``SyncSpec`` that the sender builds (layout, shared-memory names or a rendezvous address) and the
+runtime forwards to the engines. An update is:
+
+1. ``sender.send(named_tensors, version, notify)`` — the sender packs the weights and calls
+   ``notify(WeightsReady)``, which the runtime delivers to the engines' command queues;
+2. the engine loop calls ``receiver.begin(msg)`` when it reads the message, keeps decoding while
+   ``receiver.ready()`` is false (a broadcast lands in a background thread), then loads
+   ``receiver.tensors()`` between two decode steps and calls ``receiver.done(msg)``.
+
+Every phase is timed; the timings come back as flat ``sync/...`` metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+from tokenflow.sync.layout import WeightLayout
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class WeightsReady:
+    """Sender → engine: the weights of ``version`` are ready to be loaded."""
+
+    version: int
+    transport: str
+    slot: int = 0
+    checksum: str | None = None
+    sent_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """What a receiver needs to attach to a sender; built by the sender, picklable."""
+
+    transport: str
+    layout: WeightLayout
+    options: dict = field(default_factory=dict)
+
+
+class WeightSender(Protocol):
+    spec: SyncSpec
+
+    def connect(self) -> None:
+        """Called once after ``spec`` reached every receiver; blocks until all have attached."""
+        ...
+
+    def send(self, named_tensors: NamedTensors, version: int,
+             notify: Callable[[WeightsReady], None], checksum: str | None = None) -> dict[str, float]:
+        """Called by the trainer after an optimizer step when a sync is due; returns timings."""
+        ...
+
+    def close(self) -> None:
+        """Called once when the trainer shuts down; frees buffers and groups."""
+        ...
+
+
+class WeightReceiver(Protocol):
+    def connect(self) -> None:
+        """Called once by the engine at start, after building the receiver from the spec."""
+        ...
+
+    def begin(self, msg: WeightsReady) -> None:
+        """Called by the engine loop when it reads ``msg``; may start a background receive."""
+        ...
+
+    def ready(self) -> bool:
+        """Polled between decode steps; true once the weights can be loaded."""
+        ...
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The received weights by Hugging Face name (views; load them before ``done``)."""
+        ...
+
+    def done(self, msg: WeightsReady) -> dict[str, float]:
+        """Called after the engine loaded the weights; frees the buffers; returns timings."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def make_sender(transport: str, named_tensors: NamedTensors, **options) -> WeightSender:
+    if transport == "shared_memory":
+        from tokenflow.sync.shared_memory import SharedMemorySender
+
+        return SharedMemorySender(named_tensors, **options)
+    if transport == "broadcast":
+        from tokenflow.sync.broadcast import BroadcastSender
+
+        return BroadcastSender(named_tensors, **options)
+    raise ValueError(f"unknown sync transport {transport!r}; choose shared_memory or broadcast")
+
+
+def make_receiver(spec: SyncSpec, **options) -> WeightReceiver:
+    if spec.transport == "shared_memory":
+        from tokenflow.sync.shared_memory import SharedMemoryReceiver
+
+        return SharedMemoryReceiver(spec, **options)
+    if spec.transport == "broadcast":
+        from tokenflow.sync.broadcast import BroadcastReceiver
+
+        return BroadcastReceiver(spec, **options)
+    raise ValueError(f"unknown sync transport {spec.transport!r}")

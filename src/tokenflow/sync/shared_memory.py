@@ -1,0 +1,119 @@
+"""Weight sync through POSIX shared memory: one machine, no copies through pipes.
+
+The sender owns two slots (double buffering), each one flat segment holding every tensor at a
+fixed offset, plus a small control block. Version v goes to slot ``v % 2``; before overwriting a
+slot the sender waits until every receiver has acknowledged the version it last held there, so a
+reader never sees torn weights while the trainer can run one update ahead of the slowest engine.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+
+from tokenflow.metrics import trace
+from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
+from tokenflow.sync.layout import pack, plan_layout, views
+
+SLOTS = 2
+
+
+def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
+    return torch.frombuffer(shm.buf, dtype=torch.uint8, count=size) if size else torch.empty(0, dtype=torch.uint8)
+
+
+class SharedMemorySender:
+    def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0) -> None:
+        layout = plan_layout(named_tensors)
+        tag = uuid.uuid4().hex[:10]
+        size = max(1, layout.total_bytes)
+        self._slots = [shared_memory.SharedMemory(name=f"tf_{tag}_{i}", create=True, size=size) for i in range(SLOTS)]
+        # control[slot] = [version written, version acked by receiver 0, receiver 1, ...]
+        self._ctl_shm = shared_memory.SharedMemory(name=f"tf_{tag}_ctl", create=True,
+                                                   size=8 * SLOTS * (1 + num_receivers))
+        self._ctl = np.ndarray((SLOTS, 1 + num_receivers), dtype=np.int64, buffer=self._ctl_shm.buf)
+        self._ctl[:] = -1
+        self._buckets = [[_bytes_view(s, layout.total_bytes)] for s in self._slots]
+        self.timeout_s = timeout_s
+        self.spec = SyncSpec("shared_memory", layout, {
+            "slots": [s.name for s in self._slots], "control": self._ctl_shm.name,
+            "num_receivers": num_receivers,
+        })
+
+    def connect(self) -> None:
+        """Nothing to wait for: receivers attach to the segments by name."""
+
+    def send(self, named_tensors: NamedTensors, version: int, notify, checksum: str | None = None) -> dict[str, float]:
+        slot = version % SLOTS
+        t0 = time.perf_counter()
+        with trace.span("sync/wait_slot", version=version):
+            deadline = time.monotonic() + self.timeout_s
+            while (self._ctl[slot, 1:] < self._ctl[slot, 0]).any():
+                if time.monotonic() > deadline:
+                    late = [i for i, a in enumerate(self._ctl[slot, 1:]) if a < self._ctl[slot, 0]]
+                    raise TimeoutError(
+                        f"engine(s) {late} did not release weight slot {slot} (version "
+                        f"{int(self._ctl[slot, 0])}) within {self.timeout_s:g}s")
+                time.sleep(0.0005)
+        t1 = time.perf_counter()
+        with trace.span("sync/pack", version=version):
+            pack(self.spec.layout, named_tensors, self._buckets[slot])
+        self._ctl[slot, 0] = version
+        t2 = time.perf_counter()
+        notify(WeightsReady(version, "shared_memory", slot, checksum, time.time()))
+        return {"sync/wait_slot_s": t1 - t0, "sync/pack_s": t2 - t1,
+                "sync/bytes": float(self.spec.layout.total_bytes)}
+
+    def close(self) -> None:
+        self._buckets = []
+        for shm in [*self._slots, self._ctl_shm]:
+            try:
+                shm.close()
+                shm.unlink()
+            except (FileNotFoundError, BufferError):
+                pass
+
+
+class SharedMemoryReceiver:
+    def __init__(self, spec: SyncSpec, receiver_index: int = 0) -> None:
+        self.spec = spec
+        self.index = receiver_index
+        opts = spec.options
+        self._slots = [shared_memory.SharedMemory(name=n) for n in opts["slots"]]
+        self._ctl_shm = shared_memory.SharedMemory(name=opts["control"])
+        self._ctl = np.ndarray((SLOTS, 1 + opts["num_receivers"]), dtype=np.int64, buffer=self._ctl_shm.buf)
+        self._views = [views(spec.layout, [_bytes_view(s, spec.layout.total_bytes)]) for s in self._slots]
+        self._msg: WeightsReady | None = None
+
+    def connect(self) -> None:
+        """Attached in the constructor already."""
+
+    def begin(self, msg: WeightsReady) -> None:
+        if int(self._ctl[msg.slot, 0]) != msg.version:
+            raise RuntimeError(f"shared-memory slot {msg.slot} holds version {int(self._ctl[msg.slot, 0])}, "
+                               f"expected {msg.version}: sender and receiver are out of step")
+        self._msg = msg
+
+    def ready(self) -> bool:
+        return self._msg is not None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        assert self._msg is not None, "tensors() before begin()"
+        return self._views[self._msg.slot]
+
+    def done(self, msg: WeightsReady) -> dict[str, float]:
+        self._ctl[msg.slot, 1 + self.index] = msg.version
+        self._msg = None
+        return {}
+
+    def close(self) -> None:
+        self._views = []
+        for shm in [*self._slots, self._ctl_shm]:
+            try:
+                shm.close()
+            except BufferError:
+                pass
