@@ -1,0 +1,165 @@
+"""The ``algorithm`` config section: advantage estimator, policy loss, corrections, KL, bonuses.
+
+Every choice is one line (``algorithm.advantage = "rloo"``, ``algorithm.clip_high = 0.28``).
+Combinations that cannot work are refused when the section is built, with a message naming the
+fields to change. Checks that need the trainer section too (GAE needs a value head) live in
+:func:`tokenflow.trainer.config.check_compatible`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tokenflow.config.base import ConfigModel
+
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
+PolicyLossName = Literal["ppo", "gspo", "cispo"]
+AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo_constant"]
+
+
+class AlgorithmConfig(ConfigModel):
+    """What the trainer optimizes. Conventions and formulas: ``docs/algorithms.md``."""
+
+    advantage: AdvantageName = "grpo"
+    """Advantage estimator: "grpo" (group mean baseline, divided by the group std when
+    scale_std), "dr_grpo" (group mean baseline, never divided by the std), "rloo" (leave-one-out
+    mean), "reinforce_pp" (return normalised over the batch), "reinforce_pp_baseline" (group mean
+    subtracted first), "gae" (token-level GAE with a value head; needs trainer.value_head)."""
+
+    scale_std: bool = True
+    """GRPO only: divide the centred reward by the group's sample std (ddof=1) plus eps."""
+
+    eps: float = Field(default=1e-6, gt=0)
+    """Added to every std before dividing (GRPO, REINFORCE++ and whitening)."""
+
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount per model-generated token (GAE and REINFORCE++ returns)."""
+
+    lam: float = Field(default=0.95, ge=0, le=1)
+    """GAE's λ: 0 gives one-step TD advantages, 1 gives Monte-Carlo returns minus V."""
+
+    whiten_advantages: bool = False
+    """After the estimator, normalise advantages over all loss tokens of the step (mean 0, std
+    1). Usual with GAE; REINFORCE++ does this by definition."""
+
+    policy_loss: PolicyLossName = "ppo"
+    """"ppo" (clipped token ratio), "gspo" (clipped sequence ratio, geometric mean of the token
+    ratios) or "cispo" (clipped, stop-gradient ratio times log π_θ)."""
+
+    objective: Literal["direct", "decoupled"] = "direct"
+    """Which ratio is clipped. "direct": ρ = π_θ/μ against the engine's behaviour log-probs, no
+    extra forward pass. "decoupled": ρ = π_θ/π_prox, and each token's loss is multiplied by the
+    detached weight w = π_prox/μ (one extra forward pass per step for π_prox)."""
+
+    behaviour_logprobs: bool = True
+    """The engine records per-token behaviour log-probs. Set false for an engine that cannot;
+    then μ is replaced by π_prox (an extra forward pass) and no off-policy correction applies."""
+
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    """ε_low: the ratio is clipped below at 1 − clip_low."""
+
+    clip_high: float = Field(default=0.2, ge=0)
+    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+
+    aggregation: AggregationName = "token_mean"
+    """How token losses become one number, with the normaliser over the whole step's batch:
+    "token_mean" (Σ over tokens / number of loss tokens), "seq_mean_token_mean" (each sequence's
+    token mean, averaged over sequences), "seq_mean_token_sum" (each sequence's token sum,
+    averaged over sequences), "dr_grpo_constant" (Σ over tokens / (max_completion_tokens ×
+    number of sequences))."""
+
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    """The constant length in Dr. GRPO's normaliser; required by aggregation="dr_grpo_constant"."""
+
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling: cap C on the behaviour weight w, used as min(w, C),
+    detached. None turns TIS off."""
+
+    is_mask_low: float | None = Field(default=None, ge=0)
+    """IS masking: drop tokens whose behaviour weight w is below this. None = no lower bound."""
+
+    is_mask_high: float | None = Field(default=None, gt=0)
+    """IS masking: drop tokens whose behaviour weight w is above this. None = no upper bound."""
+
+    opsm_delta: float | None = Field(default=None, ge=0)
+    """Off-policy sequence masking: drop a sequence whose mean advantage is negative and whose
+    mean per-token (log μ − log π_θ) exceeds δ. None turns OPSM off."""
+
+    max_token_age: int | None = Field(default=None, ge=0)
+    """Version rejection: tokens more than this many policy versions older than the trainer are
+    dropped from the loss (and from its normaliser). None keeps every token."""
+
+    keep_sampling_mask: bool = True
+    """Where a token carries its recorded sampling support, set the trainer's logits outside it
+    to −∞ before the log-softmax and compare with the truncated behaviour log-prob."""
+
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the KL-to-reference loss term; 0 turns it off (and loads no reference)."""
+
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """Per-token KL estimator: k1 = log π − log π_ref; k3 = π_ref/π − log(π_ref/π) − 1."""
+
+    reference_model: str | None = None
+    """Path or name of the frozen reference model for the KL term; None uses a frozen copy of
+    the trainer's starting weights."""
+
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss); 0 turns it off."""
+
+    value_coef: float = Field(default=0.5, ge=0)
+    """Weight of the value-head loss 0.5·(V − R)² (GAE only)."""
+
+    value_clip: float | None = Field(default=None, gt=0)
+    """PPO value clipping: V is kept within ± this of the value before the step. None = off."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlgorithmConfig":
+        if self.clip_low > self.clip_high:
+            raise ValueError(
+                f"algorithm.clip_low ({self.clip_low}) > algorithm.clip_high ({self.clip_high}): "
+                "clip-higher needs clip_high ≥ clip_low; raise clip_high or lower clip_low"
+            )
+        if self.advantage == "dr_grpo" and self.scale_std and "scale_std" in self.model_fields_set:
+            raise ValueError(
+                'algorithm.advantage = "dr_grpo" never divides by the std, but algorithm.scale_std '
+                'is true; use advantage = "grpo" with scale_std, or drop scale_std'
+            )
+        if self.aggregation == "dr_grpo_constant" and self.max_completion_tokens is None:
+            raise ValueError(
+                'algorithm.aggregation = "dr_grpo_constant" needs algorithm.max_completion_tokens '
+                "(the constant length in its normaliser)"
+            )
+        lo, hi = self.is_mask_low, self.is_mask_high
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(
+                f"algorithm.is_mask_low ({lo}) must be below algorithm.is_mask_high ({hi})"
+            )
+        if not self.behaviour_logprobs:
+            needs = [n for n in ("tis_cap", "is_mask_low", "is_mask_high", "opsm_delta")
+                     if getattr(self, n) is not None]
+            if self.objective == "decoupled":
+                needs.append('objective="decoupled"')
+            if needs:
+                raise ValueError(
+                    f"algorithm.{', algorithm.'.join(needs)} need(s) the engine's behaviour "
+                    "log-probs, but algorithm.behaviour_logprobs is false; turn them off or "
+                    "record behaviour log-probs"
+                )
+        if self.value_clip is not None and self.advantage != "gae":
+            raise ValueError(
+                f'algorithm.value_clip is set but algorithm.advantage = "{self.advantage}" '
+                'trains no value head; use advantage = "gae" or unset value_clip'
+            )
+        return self
+
+    @property
+    def uses_values(self) -> bool:
+        """Whether the estimator needs a value head."""
+        return self.advantage == "gae"
+
+    @property
+    def needs_prox_pass(self) -> bool:
+        """Whether a no-grad forward pass for π_prox is needed before the step."""
+        return self.objective == "decoupled" or not self.behaviour_logprobs

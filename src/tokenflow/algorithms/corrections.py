@@ -1,0 +1,89 @@
+"""Token-level off-policy corrections. Combinable; each one is off unless configured.
+
+All of them act on the **behaviour weight** w_t = π(a_t)/μ(a_t), detached, where μ is the
+engine's recorded behaviour log-prob (never recomputed) and π is
+
+* π_prox (the weights at the start of the step) for the decoupled objective, and
+* π_θ itself for the direct objective (the same value at forward time, since one train step is
+  one optimizer step).
+
+What each correction does to a token's loss ℓ_t:
+
+* **TIS** (cap C): the token's effective importance weight becomes min(w, C). Decoupled: ℓ is
+  multiplied by min(w, C) instead of w. Direct (w already sits inside ρ = π_θ/μ): ℓ is
+  multiplied by the detached factor min(1, C/w).
+* **IS masking** [a, b]: tokens with w outside [a, b] contribute 0.
+* **OPSM** (δ): every token of a sequence whose mean advantage is negative and whose mean
+  per-token log μ − log π_θ exceeds δ contributes 0.
+* **Version rejection** (max age): tokens with trainer_version − token_version > max age are
+  removed from the loss *and* its normaliser; it is decided from the versions alone, before any
+  forward pass (:func:`version_keep`).
+
+Masked (IS, OPSM) tokens stay in the aggregation normaliser; see :mod:`aggregation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenflow.algorithms.aggregation import segment_mean
+from tokenflow.algorithms.config import AlgorithmConfig
+
+_MAX_LOG_W = 20.0
+
+
+def version_keep(versions: np.ndarray, trainer_version: int, max_token_age: int | None) -> np.ndarray:
+    """Bool per token: True unless the token is more than ``max_token_age`` versions old."""
+    if max_token_age is None:
+        return np.ones(len(versions), dtype=bool)
+    return (trainer_version - np.asarray(versions)) <= max_token_age
+
+
+@dataclass
+class Corrections:
+    weight: torch.Tensor
+    """Detached per-token multiplier of the policy loss."""
+    keep: torch.Tensor
+    """Bool per token: False where IS masking or OPSM dropped the token."""
+    log_w: torch.Tensor
+    """log w per token (detached), for metrics."""
+    tis_clipped: torch.Tensor
+    is_masked: torch.Tensor
+    opsm_dropped: torch.Tensor
+
+
+def apply_corrections(cfg: AlgorithmConfig, *, logprobs: torch.Tensor, behaviour: torch.Tensor,
+                      prox: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor,
+                      seq_index: torch.Tensor, num_seqs: int) -> Corrections:
+    """Behaviour weights and drop decisions for one micro-batch's tokens (all tensors [n]).
+
+    ``logprobs`` is log π_θ (its gradient is ignored here), ``behaviour`` log μ, ``prox`` log
+    π_prox (decoupled only), ``mask`` the loss tokens, ``adv`` the advantages.
+    """
+    current = logprobs.detach()
+    decoupled = cfg.objective == "decoupled"
+    numerator = prox if decoupled else current
+    log_w = (numerator - behaviour).clamp(-_MAX_LOG_W, _MAX_LOG_W)
+    w = torch.exp(log_w)
+    weight = w.clone() if decoupled else torch.ones_like(w)
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    tis_clipped, is_masked, opsm_dropped = none, none, none
+    if cfg.tis_cap is not None:
+        tis_clipped = mask & (w > cfg.tis_cap)
+        weight = weight * torch.clamp(cfg.tis_cap / w, max=1.0)
+    keep = torch.ones_like(mask, dtype=torch.bool)
+    if cfg.is_mask_low is not None:
+        keep &= w >= cfg.is_mask_low
+    if cfg.is_mask_high is not None:
+        keep &= w <= cfg.is_mask_high
+    is_masked = mask & ~keep
+    if cfg.opsm_delta is not None:
+        seq_adv = segment_mean(adv, mask, seq_index, num_seqs)
+        seq_div = segment_mean(behaviour - current, mask, seq_index, num_seqs)
+        drop_seq = (seq_adv < 0) & (seq_div > cfg.opsm_delta)
+        opsm_dropped = mask & drop_seq[seq_index] & keep
+        keep &= ~drop_seq[seq_index]
+    return Corrections(weight.detach(), keep, log_w, tis_clipped, is_masked, opsm_dropped)

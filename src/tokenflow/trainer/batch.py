@@ -1,0 +1,166 @@
+"""The training record and sequence packing.
+
+A :class:`TrainSequence` is one rollout as the trainer sees it: the model input (prompt plus
+completion minus its last token, since nothing is predicted after it), the completion tokens to
+score, the behaviour log-prob to compare against, and which tokens count in the loss.
+
+Packing puts several sequences end to end in one row with ``position_ids`` restarting at 0 per
+sequence and no attention mask. Transformers (≥ 5) reads the restarts as sequence boundaries and
+builds a block-diagonal causal mask, so a packed row gives the same logits as each sequence alone
+and no compute is spent on padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenflow.algorithms.corrections import version_keep
+from tokenflow.rollout import Rollout
+
+
+@dataclass
+class TrainSequence:
+    index: int
+    """Position of the rollout in the list given to the step (failed ones removed)."""
+    input_ids: np.ndarray
+    """prompt + completion[:-1]: the tokens the model reads."""
+    prompt_len: int
+    targets: np.ndarray
+    """The completion tokens whose log-probs are scored."""
+    behaviour: np.ndarray
+    """log μ per target: truncated where the Keep Sampling Mask applies, full otherwise."""
+    versions: np.ndarray
+    loss_mask: np.ndarray
+    """Bool: model-generated tokens (the rollout's loss mask)."""
+    keep: np.ndarray
+    """Bool: loss tokens kept by version rejection — the tokens that count in the loss."""
+    temperature: float
+    support: list[np.ndarray | None] | None
+    """Per target, the sampling support to mask to (only when the Keep Sampling Mask applies)."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.keep.sum())
+
+
+def to_train_sequence(index: int, r: Rollout, trainer_version: int, *, keep_sampling_mask: bool,
+                      max_token_age: int | None) -> TrainSequence:
+    if len(r.prompt_ids) == 0:
+        raise ValueError(f"rollout {index} has an empty prompt; the first completion token "
+                         "needs at least one token before it")
+    support = r.support if keep_sampling_mask and r.support is not None else None
+    if support is None:
+        behaviour = r.full_logprobs
+    else:
+        # Truncated log-prob where a support is recorded, full-vocabulary log-prob elsewhere.
+        has = np.array([s is not None for s in support])
+        behaviour = np.where(has, r.logprobs, r.full_logprobs)
+        for t, s in enumerate(support):
+            if s is not None and not np.isin(r.completion_ids[t], s):
+                raise ValueError(f"rollout {index}: token {t} (id {r.completion_ids[t]}) is not "
+                                 "in its recorded sampling support")
+    loss_mask = r.loss_mask.astype(bool)
+    keep = loss_mask & version_keep(r.versions, trainer_version, max_token_age)
+    return TrainSequence(
+        index=index, input_ids=np.concatenate([r.prompt_ids, r.completion_ids[:-1]]),
+        prompt_len=len(r.prompt_ids), targets=r.completion_ids, behaviour=behaviour.astype(np.float32),
+        versions=r.versions, loss_mask=loss_mask, keep=keep, temperature=float(r.temperature),
+        support=support,
+    )
+
+
+def pack(lengths: list[int], budget: int, packed: bool = True) -> list[list[int]]:
+    """Group sequence indices into rows of at most ``budget`` tokens (first-fit decreasing).
+
+    A sequence longer than the budget gets a row of its own; ``packed=False`` gives every
+    sequence its own row (for models whose attention ignores packed position ids).
+    """
+    if not packed:
+        return [[i] for i in range(len(lengths))]
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        for r, space in enumerate(free):
+            if lengths[i] <= space:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(budget - lengths[i])
+    return [sorted(r) for r in rows]
+
+
+@dataclass
+class MicroBatch:
+    """One packed row and the flat per-target tensors of its sequences."""
+
+    seqs: list[TrainSequence]
+    input_ids: torch.Tensor  # [1, L]
+    position_ids: torch.Tensor  # [1, L]
+    target_pos: torch.Tensor  # [n] position in the row whose logits predict each target
+    targets: torch.Tensor  # [n]
+    temperature: torch.Tensor  # [n]
+    behaviour: torch.Tensor  # [n]
+    mask: torch.Tensor  # [n] bool, counted loss tokens
+    seq_index: torch.Tensor  # [n] 0..len(seqs)-1
+    versions: torch.Tensor  # [n] policy version of each target
+    support_rows: torch.Tensor | None  # targets that carry a support
+    support_pairs: tuple[torch.Tensor, torch.Tensor] | None  # (target row, token id) members
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def per_token(self, per_seq: list[np.ndarray], dtype=torch.float32) -> torch.Tensor:
+        """Concatenate per-sequence arrays (indexed by ``TrainSequence.index``) in target order."""
+        parts = [np.asarray(per_seq[s.index]) for s in self.seqs]
+        return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=self.targets.device)
+
+
+def collate(seqs: list[TrainSequence], device: torch.device | str = "cpu") -> MicroBatch:
+    ids, pos, tpos, sidx = [], [], [], []
+    rows, members, sup_rows = [], [], []
+    offset = n = 0
+    for k, s in enumerate(seqs):
+        ids.append(s.input_ids)
+        pos.append(np.arange(len(s.input_ids)))
+        tpos.append(offset + s.prompt_len - 1 + np.arange(len(s.targets)))
+        sidx.append(np.full(len(s.targets), k))
+        for t, sup in enumerate(s.support or ()):
+            if sup is not None:
+                sup_rows.append(n + t)
+                rows.append(np.full(len(sup), n + t))
+                members.append(np.asarray(sup))
+        offset += len(s.input_ids)
+        n += len(s.targets)
+
+    def t(parts, dtype):
+        return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=device)
+
+    support_rows = support_pairs = None
+    if sup_rows:
+        support_rows = torch.tensor(sup_rows, dtype=torch.long, device=device)
+        support_pairs = (t(rows, torch.long), t(members, torch.long))
+    return MicroBatch(
+        seqs=seqs, input_ids=t(ids, torch.long).unsqueeze(0), position_ids=t(pos, torch.long).unsqueeze(0),
+        target_pos=t(tpos, torch.long), targets=t([s.targets for s in seqs], torch.long),
+        temperature=t([np.full(len(s.targets), s.temperature) for s in seqs], torch.float32),
+        behaviour=t([s.behaviour for s in seqs], torch.float32),
+        mask=t([s.keep for s in seqs], torch.bool), seq_index=t(sidx, torch.long),
+        versions=t([s.versions for s in seqs], torch.long),
+        support_rows=support_rows, support_pairs=support_pairs,
+    )
+
+
+def micro_batches(seqs: list[TrainSequence], budget: int, packed: bool = True,
+                  device: torch.device | str = "cpu") -> list[MicroBatch]:
+    rows = pack([len(s.input_ids) for s in seqs], budget, packed)
+    return [collate([seqs[i] for i in row], device) for row in rows]

@@ -1,0 +1,102 @@
+"""The ``trainer`` config section: model loading, optimizer, schedule, batching, precision."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.base import ConfigModel
+
+
+class TrainerConfig(ConfigModel):
+    """How the policy is optimized; what it optimizes is the ``algorithm`` section."""
+
+    lr: float = Field(default=1e-6, ge=0)
+    """Peak AdamW learning rate (after warmup)."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW β1, β2."""
+
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """AdamW ε."""
+
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay, applied to matrices only (not to biases or norm scales)."""
+
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warmup; the first step runs at lr / warmup_steps."""
+
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: stay at lr, or decay along a cosine to lr × min_lr_ratio at total_steps."""
+
+    total_steps: int | None = Field(default=None, ge=1)
+    """Optimizer steps of the whole run; required by the cosine schedule."""
+
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Cosine floor as a fraction of lr."""
+
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None disables clipping (the norm is still logged)."""
+
+    rollouts_per_step: int = Field(default=64, ge=1)
+    """Batch size in rollouts per optimizer step: what the runtime hands to each train_step.
+    The trainer accumulates gradients over as many micro-batches as those rollouts need."""
+
+    micro_batch_tokens: int = Field(default=8192, ge=1)
+    """Token budget of one packed micro-batch (prompt + completion tokens forwarded together)."""
+
+    pack_sequences: bool = True
+    """Pack several sequences per forward row (position ids restart per sequence). Turn off for
+    models whose attention does not honour packed position ids: one sequence per row then."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype: float32, or bfloat16 autocast over float32 master weights."""
+
+    fp32_lm_head: bool = False
+    """Compute the output projection (logits) in float32 even under bfloat16 autocast."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+    attn_implementation: str = "sdpa"
+    """transformers attention implementation for models loaded from a path."""
+
+    trust_remote_code: bool = False
+    """Allow model code from the checkpoint's repository; off unless asked."""
+
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where to train; "auto" picks cuda when available."""
+
+    threads: int | None = Field(default=None, ge=1)
+    """torch.set_num_threads for CPU work; None leaves torch's default."""
+
+    seed: int = 0
+    """Seeds torch (value-head init and any sampling in the trainer process)."""
+
+    value_head: bool = False
+    """Train a scalar value head beside the policy (required by algorithm.advantage = "gae")."""
+
+    value_lr: float | None = Field(default=None, ge=0)
+    """Learning rate of the value head; None uses lr."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerConfig":
+        if self.schedule == "cosine" and self.total_steps is None:
+            raise ValueError('trainer.schedule = "cosine" needs trainer.total_steps')
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(f"trainer.warmup_steps ({self.warmup_steps}) exceeds "
+                             f"trainer.total_steps ({self.total_steps})")
+        if self.value_lr is not None and not self.value_head:
+            raise ValueError("trainer.value_lr is set but trainer.value_head is false")
+        return self
+
+
+def check_compatible(trainer: TrainerConfig, algorithm: AlgorithmConfig) -> None:
+    """Refuse trainer/algorithm combinations that cannot work, naming the fields to change."""
+    if algorithm.uses_values and not trainer.value_head:
+        raise ValueError('algorithm.advantage = "gae" needs a value head: set trainer.value_head = true')
+    if trainer.value_head and not algorithm.uses_values:
+        raise ValueError(f'trainer.value_head = true but algorithm.advantage = "{algorithm.advantage}" '
+                         'uses no values; set advantage = "gae" or value_head = false')

@@ -1,0 +1,101 @@
+"""Loading the causal LM and running it on a packed micro-batch.
+
+The policy is any transformers ``AutoModelForCausalLM``. Its parameters stay in float32 (the
+optimizer's master weights); ``dtype = "bfloat16"`` runs the forward under autocast. With
+``fp32_lm_head`` the output projection runs outside autocast in float32, because the log-probs
+that importance ratios are built from are most sensitive to precision there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import types
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tokenflow.trainer.batch import MicroBatch
+
+log = logging.getLogger(__name__)
+
+
+def load_causal_lm(model, *, trust_remote_code: bool, attn_implementation: str, device: torch.device):
+    """A path or hub-style name is loaded with transformers; a ready model is used (and trained)
+    in place. Either way the parameters end up float32 on ``device``."""
+    if isinstance(model, (str, Path)):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model), dtype=torch.float32, attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code)
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_output_embeddings"):
+        raise TypeError(f"expected a transformers causal LM or a path to one, got {type(model).__name__}")
+    return model.to(device=device, dtype=torch.float32)
+
+
+def _fp32_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+
+
+def use_fp32_lm_head(model) -> None:
+    """Make the output projection compute in float32 under autocast. Only the instance's forward
+    changes, so parameter names (and checkpoints) are untouched."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"trainer.fp32_lm_head needs an nn.Linear output layer, got {type(head).__name__}")
+    if getattr(model.config, "final_logit_softcapping", None):
+        log.warning("fp32_lm_head: the model soft-caps its logits after the head; that part still "
+                    "runs in the autocast dtype")
+    head.forward = types.MethodType(_fp32_linear_forward, head)
+
+
+class CausalLMRunner:
+    """Runs one model on micro-batches and returns the logits at the target positions only
+    (``logits_to_keep``), plus, on request, the final hidden states there (the value head's
+    input, captured as the input of the output projection)."""
+
+    def __init__(self, model, device: torch.device, dtype: str) -> None:
+        self.model = model
+        self.device = device
+        self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+        self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def __call__(self, mb: MicroBatch, want_hidden: bool = False):
+        captured: list[torch.Tensor] = []
+        hook = None
+        if want_hidden:
+            hook = self.model.get_output_embeddings().register_forward_hook(
+                lambda _m, args, _out: captured.append(args[0]))
+        kwargs = {"logits_to_keep": mb.target_pos} if self.takes_logits_to_keep else {}
+        try:
+            with self.autocast():
+                out = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids,
+                                 attention_mask=None, use_cache=False, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits = out.logits[0]
+        hidden = captured[0][0] if captured else None
+        if not self.takes_logits_to_keep:
+            logits = logits[mb.target_pos]
+            hidden = hidden[mb.target_pos] if hidden is not None else None
+        return logits, hidden
+
+
+def frozen_copy(model):
+    """A frozen, eval-mode deep copy (the KL reference when none is named)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref

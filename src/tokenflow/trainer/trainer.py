@@ -1,0 +1,283 @@
+"""The single-process trainer: rollouts in, one optimizer step out, policy version + 1.
+
+One ``train_step``::
+
+    rollouts ─ drop failed ─► TrainSequences ─► [no-grad pass: π_prox, V_old] ─► advantages
+        ─► pack into micro-batches ─► per micro-batch: forward → loss → backward (accumulate)
+        ─► clip grad norm ─► AdamW step ─► LR schedule step ─► version += 1
+
+Every loss term is normalised over the whole step's batch before any backward
+(:class:`GlobalCounts`), so accumulating over micro-batches gives exactly the full-batch
+gradient. A data-parallel trainer passes counts summed over ranks as ``global_counts``; the
+per-rank losses then *sum* to the global loss (reduce gradients with a sum, not a mean).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from tokenflow.algorithms import AlgorithmConfig, GlobalCounts, TokenInputs, compute_advantages
+from tokenflow.algorithms import micro_batch_loss, token_weights
+from tokenflow.algorithms.advantages import AdvantageResult
+from tokenflow.algorithms.stats import Accumulator
+from tokenflow.metrics.trace import span
+from tokenflow.rollout import Rollout
+from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
+from tokenflow.trainer.config import TrainerConfig, check_compatible
+from tokenflow.trainer.logprobs import support_keep_mask, token_logprobs
+from tokenflow.trainer.metrics import age_stats, step_metrics
+from tokenflow.trainer.model import CausalLMRunner, frozen_copy, load_causal_lm, use_fp32_lm_head
+from tokenflow.trainer.schedule import build_scheduler
+from tokenflow.trainer.value_head import ValueHead
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError('trainer.device = "cuda" but no CUDA device is visible; use "cpu" or "auto"')
+    return torch.device(name)
+
+
+class Trainer:
+    """Owns the policy (trained in place), optional value head and reference, AdamW and the LR
+    schedule. ``version`` counts optimizer steps applied, starting from ``version``."""
+
+    def __init__(self, model, config: TrainerConfig, algorithm: AlgorithmConfig, *,
+                 version: int = 0, tokenizer=None) -> None:
+        check_compatible(config, algorithm)
+        self.config, self.algorithm, self.version, self.tokenizer = config, algorithm, version, tokenizer
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        self.device = resolve_device(config.device)
+        load = dict(trust_remote_code=config.trust_remote_code,
+                    attn_implementation=config.attn_implementation, device=self.device)
+        self.model = load_causal_lm(model, **load)
+        self.reference = None
+        if algorithm.kl_coef > 0:
+            ref = algorithm.reference_model
+            self.reference = frozen_copy(self.model if ref is None else load_causal_lm(ref, **load))
+        for m in filter(None, [self.model, self.reference] if config.fp32_lm_head else []):
+            use_fp32_lm_head(m)
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        self.value_head = None
+        if config.value_head:
+            hidden = self.model.get_output_embeddings().in_features
+            self.value_head = ValueHead(hidden).to(self.device)
+        self.runner = CausalLMRunner(self.model, self.device, config.dtype)
+        self.ref_runner = CausalLMRunner(self.reference, self.device, config.dtype) if self.reference else None
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
+                                           eps=config.adam_eps)
+        self.scheduler = build_scheduler(self.optimizer, config)
+
+    def _param_groups(self) -> list[dict]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.config.weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        if self.value_head is not None:
+            lr = self.config.value_lr if self.config.value_lr is not None else self.config.lr
+            groups.append({"params": list(self.value_head.parameters()), "lr": lr, "weight_decay": 0.0})
+        return [g for g in groups if g["params"]]
+
+    # ----------------------------------------------------------------------------- one step
+
+    def train_step(self, rollouts: list[Rollout], *, global_counts: GlobalCounts | None = None) -> dict[str, float]:
+        """One optimizer step over exactly ``rollouts``; returns the step's metrics."""
+        start = time.perf_counter()
+        alg = self.algorithm
+        live = [r for r in rollouts if not r.failed]
+        seqs = self._sequences(live)
+        prox, old_values = self._no_grad_pass(seqs, len(live))
+        adv = compute_advantages(live, alg, old_values)
+        train = [s for s in seqs if s.num_loss_tokens > 0]
+        counts = global_counts or GlobalCounts(sum(s.num_loss_tokens for s in train), len(train))
+        acc = Accumulator()
+        batches = micro_batches(train, self.config.micro_batch_tokens, self.config.pack_sequences, self.device)
+        for mb in batches:
+            self._accumulate(mb, adv, prox, old_values, counts, acc)
+        if not batches:
+            log.warning("train_step: no loss tokens among %d rollouts (%d failed); no update",
+                        len(rollouts), len(rollouts) - len(live))
+        grad_norm, lr, skipped = self._optimizer_step()
+        metrics = step_metrics(acc, grad_norm=grad_norm, lr=lr, skipped=skipped)
+        metrics.update(age_stats(seqs, self.version))
+        self.version += 1
+        elapsed = time.perf_counter() - start
+        tokens = sum(mb.num_tokens for mb in batches)
+        metrics.update({
+            "perf/train_tokens": float(tokens), "perf/loss_tokens": float(counts.num_tokens),
+            "perf/sequences": float(len(train)), "perf/failed_rollouts": float(len(rollouts) - len(live)),
+            "perf/micro_batches": float(len(batches)), "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
+            "time/train_s": elapsed,
+        })
+        return metrics
+
+    def _sequences(self, live: list[Rollout]) -> list[TrainSequence]:
+        alg = self.algorithm
+        seqs = [to_train_sequence(i, r, self.version, keep_sampling_mask=alg.keep_sampling_mask,
+                                  max_token_age=alg.max_token_age) for i, r in enumerate(live)]
+        seqs = [s for s in seqs if len(s.targets) > 0]
+        if alg.behaviour_logprobs:
+            for s in seqs:
+                if not np.isfinite(s.behaviour[s.keep]).all():
+                    raise ValueError(f"rollout {s.index} has non-finite behaviour log-probs on loss tokens; "
+                                     "if the engine does not record them set algorithm.behaviour_logprobs = false")
+        return seqs
+
+    def _keep_mask(self, mb: MicroBatch, vocab: int) -> torch.Tensor | None:
+        if mb.support_rows is None:
+            return None
+        rows, ids = mb.support_pairs
+        return support_keep_mask(len(mb.targets), vocab, rows, ids, mb.support_rows, device=self.device)
+
+    def _no_grad_pass(self, seqs: list[TrainSequence], n: int):
+        """π_prox log-probs (decoupled objective / no behaviour log-probs) and V_old (GAE), per
+        rollout, from the weights at the start of the step."""
+        want_prox = self.algorithm.needs_prox_pass
+        if not want_prox and self.value_head is None:
+            return None, None
+        with span("trainer/prox_logprobs", seqs=len(seqs)):
+            logps, values = self._score(seqs, n, with_values=self.value_head is not None)
+        return (logps if want_prox else None), values
+
+    @torch.no_grad()
+    def _score(self, seqs: list[TrainSequence], n: int, with_values: bool):
+        logps = [np.zeros(0, dtype=np.float32)] * n
+        values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
+        for mb in micro_batches(seqs, self.config.micro_batch_tokens, self.config.pack_sequences, self.device):
+            logits, hidden = self.runner(mb, want_hidden=with_values)
+            lp, _ = token_logprobs(logits, mb.targets, mb.temperature, self._keep_mask(mb, logits.shape[-1]),
+                                   with_entropy=False)
+            v = self.value_head(hidden) if with_values else None
+            bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
+            for k, s in enumerate(mb.seqs):
+                logps[s.index] = lp[bounds[k]:bounds[k + 1]].float().cpu().numpy()
+                if v is not None:
+                    values[s.index] = v[bounds[k]:bounds[k + 1]].float().cpu().numpy()
+        return logps, values
+
+    def logprobs(self, rollouts: list[Rollout]) -> list[np.ndarray]:
+        """Per-token log-probs of each rollout's completion under the current weights, exactly as
+        the loss sees them (temperature, Keep Sampling Mask, packing). No gradient, no update."""
+        seqs = [to_train_sequence(i, r, self.version, keep_sampling_mask=self.algorithm.keep_sampling_mask,
+                                  max_token_age=None) for i, r in enumerate(rollouts)]
+        logps, _ = self._score([s for s in seqs if len(s.targets)], len(rollouts), with_values=False)
+        return logps
+
+    def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
+        alg = self.algorithm
+        with span("trainer/forward", tokens=mb.num_tokens, seqs=mb.num_seqs):
+            logits, hidden = self.runner(mb, want_hidden=self.value_head is not None)
+            keep = self._keep_mask(mb, logits.shape[-1])
+            logp, entropy = token_logprobs(logits, mb.targets, mb.temperature, keep,
+                                           entropy_grad=alg.entropy_coef > 0)
+            del logits
+            ref = None
+            if self.ref_runner is not None:
+                with torch.no_grad():
+                    ref_logits, _ = self.ref_runner(mb)
+                    ref, _ = token_logprobs(ref_logits, mb.targets, mb.temperature, keep, with_entropy=False)
+            seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
+            weights = token_weights(alg.aggregation, mb.mask, mb.seq_index, seq_tokens, counts,
+                                    alg.max_completion_tokens)
+            inputs = TokenInputs(
+                logprobs=logp, behaviour=mb.behaviour, advantages=mb.per_token(adv.advantages),
+                mask=mb.mask, weights=weights, seq_index=mb.seq_index, num_seqs=mb.num_seqs,
+                prox=mb.per_token(prox) if prox is not None else None, entropy=entropy, ref_logprobs=ref,
+                values=self.value_head(hidden) if self.value_head is not None else None,
+                old_values=mb.per_token(old_values) if old_values is not None else None,
+                returns=mb.per_token(adv.returns) if adv.returns is not None else None,
+            )
+            terms = micro_batch_loss(alg, inputs, acc)
+            if alg.behaviour_logprobs:
+                self._record_mismatch(mb, logp.detach(), acc)
+        with span("trainer/backward", tokens=mb.num_tokens):
+            terms.total.backward()
+
+    def _record_mismatch(self, mb: MicroBatch, logp: torch.Tensor, acc: Accumulator) -> None:
+        """Engine vs trainer on the same weights: loss tokens whose version is the trainer's."""
+        same = mb.mask & (mb.versions == self.version)
+        if not bool(same.any()):
+            return
+        d = (logp - mb.behaviour)[same]
+        acc.add("n/onpolicy", int(same.sum()))
+        acc.add("sum/mismatch_abs", d.abs().sum().item())
+        acc.add("sum/mismatch_ratio", torch.exp(d).sum().item())
+
+    def _optimizer_step(self) -> tuple[float, float, bool]:
+        with span("trainer/optimizer"):
+            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+            max_norm = self.config.grad_clip if self.config.grad_clip is not None else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            skipped = not np.isfinite(norm)
+            if skipped:
+                log.warning("train_step: non-finite gradient norm (%s); parameters left unchanged", norm)
+            else:
+                self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return norm, lr, skipped
+
+    # ------------------------------------------------------------------- weights, checkpoints
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under their Hugging Face names (the keys of the model's
+        ``state_dict()``; never the value head), detached, on CPU, float32."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().cpu()
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly: weights, optimizer, schedule, version, RNGs."""
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "model": self.model.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "rng": rng,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.value_head is not None:
+            if state.get("value_head") is None:
+                raise ValueError("checkpoint has no value head but trainer.value_head is true")
+            self.value_head.load_state_dict(state["value_head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        rng = state.get("rng") or {}
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "numpy" in rng:
+            np.random.set_state(rng["numpy"])
+        if "python" in rng:
+            random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write the policy in Hugging Face format (config.json, model.safetensors, and the
+        tokenizer when the trainer was given one) for evaluation and for engines to load."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+        return directory
