@@ -1,0 +1,27 @@
+"""Capacity planner: a discrete-event simulation (SimPy) of the tokenflow pipeline.
+
+    from tokenflow.sim import load_config, simulate
+    result = simulate(load_config(preset="h100-7b-vllm", overrides={"pipeline.max_staleness": 2}))
+    result.tokens_per_s, result.trainer_idle_frac, result.staleness["mean"]
+
+Modules: ``config`` (sections), ``loading`` (TOML, presets, overrides), ``presets``,
+``workload`` (length distributions), ``costs`` (rate model), ``engine`` / ``trainer`` /
+``buffer`` / ``pipeline`` (the processes), ``metrics`` (results), ``sweep``, ``calibration``
+(the runtime's ``calibration.json`` schema), ``fit`` and ``calibrate`` (fitting a real run),
+``report`` (tables, figure). See docs/simulate.md.
+"""
+
+from tokenflow.sim.calibrate import CalibrationReport, calibrate
+from tokenflow.sim.calibration import Calibration
+from tokenflow.sim.config import HardwareConfig, PipelineConfig, SimConfig, SimSection, WorkloadConfig
+from tokenflow.sim.loading import ConfigError, load_config
+from tokenflow.sim.metrics import SimResult
+from tokenflow.sim.pipeline import simulate
+from tokenflow.sim.presets import PRESETS
+from tokenflow.sim.sweep import SweepResult, run_sweep
+
+__all__ = [
+    "Calibration", "CalibrationReport", "ConfigError", "HardwareConfig", "PipelineConfig",
+    "PRESETS", "SimConfig", "SimResult", "SimSection", "SweepResult", "WorkloadConfig",
+    "calibrate", "load_config", "run_sweep", "simulate",
+]

@@ -1,0 +1,72 @@
+"""Laws the simulated pipeline must obey."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenflow.sim import simulate
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.8, 1.0, 1.5, 3.0])
+@pytest.mark.parametrize("p90", [200, 600])
+def test_trainer_idle_tends_to_one_minus_t_over_g(ideal, ratio, p90):
+    """Free sync, unbounded staleness: trainer idle -> max(0, 1 - T/G)."""
+    probe = ideal(workload__completion_p90=p90, hardware__train_step_s=1.0)
+    # The engine emits 1 / b tokens/s whatever the batch, so G = tokens per step * b.
+    mean_tokens = probe.workload.rollouts_per_step * _mean_completion(probe)
+    G = mean_tokens * probe.hardware.decode_step_per_seq_s
+    r = simulate(ideal(workload__completion_p90=p90, hardware__train_step_s=ratio * G,
+                       sim__steps=60, sim__warmup_steps=10))
+    assert r.trainer_idle_frac == pytest.approx(max(0.0, 1.0 - ratio), abs=0.04)
+
+
+def _mean_completion(cfg) -> float:
+    from tokenflow.sim.workload import LengthSampler
+
+    return LengthSampler(cfg.workload, 0).mean_completion()
+
+
+@pytest.mark.parametrize("mode", ["inflight", "abort", "drain", "blocking"])
+def test_synchronous_step_is_generation_plus_training_plus_sync(ideal, mode):
+    """K = 0: step time = G + T + S, each computed by hand."""
+    cfg = ideal(pipeline__max_staleness=0, pipeline__update_mode=mode,
+                hardware__decode_step_base_s=0.01, hardware__prefill_s_per_token=1e-4,
+                hardware__prefill_overhead_s=0.05, hardware__train_step_overhead_s=0.7,
+                hardware__train_s_per_token=2e-4, hardware__model_bytes=2e9,
+                hardware__broadcast_bandwidth_gbps=4.0, hardware__sync_latency_s=0.01,
+                hardware__num_param_tensors=50, sim__steps=5, sim__warmup_steps=1)
+    w, hw = cfg.workload, cfg.hardware
+    n, L, P = w.rollouts_per_step, w.completion_median, w.prompt_length
+    G = 0.05 + 1e-4 * w.prompts_per_step * P + L * (0.01 + hw.decode_step_per_seq_s * n)
+    T = 0.7 + 2e-4 * n * (L + P) / hw.training_pool
+    S = 2e9 / 4e9 + 50 * 0.01
+    r = simulate(cfg)
+    assert r.step_time_s == pytest.approx(G + T + S, rel=1e-6)
+    assert r.step_breakdown_s["sync"] == pytest.approx(S, rel=1e-6)
+    assert r.staleness["max"] == 0
+
+
+@pytest.mark.parametrize("mode", ["inflight", "abort", "drain", "blocking"])
+def test_deeper_buffer_never_lowers_throughput(small, mode):
+    """Throughput is non-decreasing in max_staleness (2 % slack for finite-run noise: drain is
+    flat from K = 1 to 2, because a deeper buffer also means a longer drain at every update)."""
+    rates = [simulate(small(pipeline__max_staleness=k, pipeline__update_mode=mode)).tokens_per_s
+             for k in range(5)]
+    for lo, hi in zip(rates, rates[1:]):
+        assert hi >= 0.98 * lo, rates
+    assert rates[-1] > 1.2 * rates[0], rates
+
+
+@pytest.mark.parametrize("mode", ["inflight", "abort", "blocking"])
+def test_long_tails_hurt_sync_more_than_async(small, mode):
+    """Same median, longer p90: the synchronous pipeline loses a larger share of its throughput.
+    (Not drain: it waits for the slowest running sequence at every update, as sync does.)"""
+    def loss(k: int) -> float:
+        short = simulate(small(pipeline__max_staleness=k, pipeline__update_mode=mode,
+                               workload__completion_p90=1536)).tokens_per_s
+        long = simulate(small(pipeline__max_staleness=k, pipeline__update_mode=mode,
+                              workload__completion_p90=6144)).tokens_per_s
+        return long / short
+
+    sync, async_ = loss(0), loss(2)
+    assert sync < async_ - 0.2, (sync, async_)
