@@ -39,9 +39,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate ``--section.key VALUE`` / ``--section.key=VALUE`` config overrides from the rest."""
+    rest, overrides = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            overrides.append(arg)
+            if "=" not in arg and i + 1 < len(argv):
+                overrides.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    rest, extra = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
+    if extra and not getattr(args, "_allow_overrides", False):
+        parser.error(f"this command takes no config overrides: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -50,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if getattr(args, "_allow_overrides", False):
+        return int(args.func(args, extra) or 0)
     return int(args.func(args) or 0)
 
 

@@ -84,6 +84,8 @@ def _describe(model: type[BaseModel], err: dict) -> str:
         if hint:
             msg += f" (did you mean {'.'.join(loc[:-1] + (hint[0],))!r}?)"
         return f"{msg}; valid keys in {where}: {', '.join(valid)}"
+    if err["type"] == "value_error":  # a validator's message already names the keys
+        return err["msg"].removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, dict) else ""
     return f"{key}: {err['msg']}{shown}"

@@ -30,8 +30,6 @@ class RunConfig(ConfigModel):
     """Write a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many of the most recent checkpoints to keep."""
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    """Where engine and trainer run unless their own sections say otherwise."""
 
 
 class ModelConfig(ConfigModel):

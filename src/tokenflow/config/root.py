@@ -1,0 +1,71 @@
+"""The whole training config: one typed tree, one TOML file, dotted overrides.
+
+    [rollout]
+    prompts_per_step = 16
+    max_staleness = 2        # 0 = synchronous
+
+Sections: run, model, task, rollout, sampling, engine, algorithm, trainer, sync, runtime, metrics.
+``tokenflow train --help-config`` lists every key with its default and documentation.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.base import ConfigModel
+from tokenflow.config.sections import (
+    MetricsConfig, ModelConfig, RolloutConfig, RunConfig, RuntimeConfig, SamplingConfig,
+    SyncConfig, TaskConfig,
+)
+from tokenflow.engine.config import EngineConfig
+from tokenflow.trainer.config import TrainerConfig, check_compatible
+
+
+class TrainConfig(ConfigModel):
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run length, seed, evaluation and checkpoint cadence, output folder."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy to train."""
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    """Prompts and reward."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Batch shape and the staleness budget."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How training rollouts are sampled."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The rollout engine."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantages, policy loss, off-policy corrections."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimizer and batching of the learner."""
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    """Weight transport from trainer to engine."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Where the parts run."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Metric sinks, traces, progress display."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TrainConfig":
+        check_compatible(self.trainer, self.algorithm)
+        want = self.rollout.rollouts_per_step
+        if "rollouts_per_step" in self.trainer.model_fields_set and self.trainer.rollouts_per_step != want:
+            raise ValueError(
+                f"trainer.rollouts_per_step ({self.trainer.rollouts_per_step}) must equal "
+                f"rollout.prompts_per_step × rollout.group_size ({want}); set only the rollout section")
+        # Derived, not duplicated: the trainer's batch is the rollout section's step.
+        object.__setattr__(self.trainer, "rollouts_per_step", want)
+        if self.trainer.schedule == "cosine" and self.trainer.total_steps is None:
+            object.__setattr__(self.trainer, "total_steps", self.run.steps)
+        if self.sync.every > self.rollout.max_staleness + 1:
+            raise ValueError(
+                f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
+                "the engine would wait for weights the trainer cannot produce without its rollouts")
+        if self.algorithm.aggregation == "dr_grpo_constant" and self.algorithm.max_completion_tokens is None:
+            object.__setattr__(self.algorithm, "max_completion_tokens", self.sampling.max_tokens)
+        return self
+
+    @property
+    def synchronous(self) -> bool:
+        return self.rollout.max_staleness == 0

@@ -1,0 +1,124 @@
+"""Metric sinks on one global step axis (optimizer steps).
+
+Keys are namespaced (``reward/mean``, ``loss/policy``, ``offpolicy/is_ratio_mean``,
+``buffer/fill``, ``sync/engine_pause_s``, ``perf/tokens_per_s`` ...). JSONL is always written;
+TensorBoard and Weights & Biases are chosen in ``[metrics] sinks``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Called once per optimizer step (and for evaluations) with flat namespaced scalars."""
+        ...
+
+    def close(self) -> None:
+        """Called once at the end of the run; flushes files."""
+        ...
+
+
+def _clean(metrics: dict) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[k] = v
+    return out
+
+
+class JsonlSink:
+    """One JSON object per line: ``{"step": s, ...metrics}``; appends, so resume continues a file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._f.write(json.dumps({"step": step, **_clean(metrics)}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step: on resume, TensorBoard hides events the killed run logged past the checkpoint.
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in _clean(metrics).items():
+            self.writer.add_scalar(k, v, global_step=step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, run_dir: str | Path, project: str, name: str, mode: str, config: dict) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise RuntimeError('metrics sink "wandb" needs W&B: pip install "tokenflow-rl[wandb]"') from None
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
+                              reinit="finish_previous")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(_clean(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricLogger:
+    """Fans one ``log(step, metrics)`` out to every configured sink."""
+
+    def __init__(self, sinks: list[MetricSink]) -> None:
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for s in self.sinks:
+            s.log(step, metrics)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            try:
+                s.close()
+            except Exception as e:  # noqa: BLE001 - one broken sink must not lose the others
+                log.warning("closing metrics sink %s failed: %s", type(s).__name__, e)
+
+
+def build_logger(cfg, run_dir: Path, run_name: str, config_dict: dict,
+                 resume_step: int | None = None) -> MetricLogger:
+    sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    if "tensorboard" in cfg.sinks:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard", purge_step=resume_step))
+    if "wandb" in cfg.sinks:
+        sinks.append(WandbSink(run_dir, cfg.wandb_project, run_name, cfg.wandb_mode, config_dict))
+    return MetricLogger(sinks)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a run killed mid-write leaves a torn last line
+    return rows

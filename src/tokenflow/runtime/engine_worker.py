@@ -1,0 +1,196 @@
+"""The engine process: generation that never waits for the trainer.
+
+Each turn of the loop: read commands (without blocking while there is work), load new weights
+if a sync has landed (between two decode steps), run one engine step, send finished groups.
+Weight updates follow ``engine.update_mode``: ``inflight`` swaps at once, ``abort`` returns
+running samples as partial rollouts that this worker resubmits at once (prefix resume, so the
+group comes back whole), ``drain`` lets the running samples finish first. ``blocking`` is the
+runtime's turn-taking mode: the orchestrator pauses generation while the trainer steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+
+from tokenflow.metrics import trace
+from tokenflow.rollout import Rollout
+from tokenflow.runtime.messages import (
+    AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, Shutdown,
+    WeightsLoaded,
+)
+from tokenflow.runtime.workers import worker_main
+
+log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 1.0
+
+
+@dataclass
+class _Group:
+    msg: Generate
+    rollouts: dict[int, Rollout] = field(default_factory=dict)
+
+
+class EngineWorker:
+    def __init__(self, model_path: str, engine_config, out_q, cmd_q, name: str = "engine",
+                 trace_dir: str | None = None) -> None:
+        from tokenflow.engine import Engine
+
+        trace.configure(trace_dir, name)
+        self.name = name
+        self.out_q = out_q
+        self.cmd_q = cmd_q
+        self.engine = Engine(model_path, engine_config)
+        self.mode = engine_config.update_mode
+        self.receiver = None
+        self.pending_weights = []  # WeightsReady notices not yet loaded, oldest first
+        self.loading = None  # the notice whose weights the engine is applying (drain)
+        self.groups: dict[str, _Group] = {}
+        self.paused = False
+        self.t_start = time.perf_counter()
+        self.busy_s = 0.0
+        self.pauses: list[float] = []
+        self.decode_samples: list[tuple[int, float]] = []
+        self.prefill_samples: list[tuple[int, float]] = []
+        self.last_status = 0.0
+        self.running = True
+
+    # ---- commands ------------------------------------------------------------------------
+    def handle(self, msg) -> None:
+        from tokenflow.sync.base import WeightsReady, make_receiver
+
+        if isinstance(msg, Generate):
+            rid = f"{msg.kind}-{msg.group_id}"
+            self.engine.add_request(msg.prompt_ids, msg.params, request_id=rid,
+                                    group_id=msg.group_id, prompt_id=msg.prompt_id)
+            self.groups[rid] = _Group(msg)
+        elif isinstance(msg, WeightsReady):
+            if not self.pending_weights and self.loading is None:
+                self.receiver.begin(msg)
+            self.pending_weights.append(msg)
+        elif isinstance(msg, AttachSync):
+            self.receiver = make_receiver(msg.spec, receiver_index=msg.receiver_index)
+            self.receiver.connect()
+        elif isinstance(msg, SetPaused):
+            self.paused = msg.paused
+        elif isinstance(msg, AbortKind):
+            for rid, g in list(self.groups.items()):
+                if g.msg.kind == msg.kind:
+                    self.engine.abort(rid)
+                    del self.groups[rid]
+        elif isinstance(msg, Shutdown):
+            self.running = False
+        else:
+            raise TypeError(f"engine worker got an unknown message {type(msg).__name__}")
+
+    def read_commands(self, block: bool) -> None:
+        try:
+            msg = self.cmd_q.get(timeout=0.05) if block else self.cmd_q.get_nowait()
+        except queue.Empty:
+            return
+        self.handle(msg)
+        while True:
+            try:
+                self.handle(self.cmd_q.get_nowait())
+            except queue.Empty:
+                return
+
+    # ---- weights -------------------------------------------------------------------------
+    def maybe_load_weights(self) -> None:
+        if self.loading is not None:
+            if self.engine.version >= self.loading.version:  # a drain finished
+                self._finish_load(self.loading)
+            return
+        if not self.pending_weights or not self.receiver.ready():
+            return
+        msg = self.pending_weights.pop(0)
+        t0 = time.perf_counter()
+        with trace.span("engine/weight_swap", version=msg.version, mode=self.mode):
+            mode = "drain" if self.mode == "blocking" else self.mode
+            self.engine.update_weights(self.receiver.tensors(), msg.version, mode=mode,
+                                       checksum=msg.checksum)
+        # The pause: decoding stops only for this call (a drain's swap happens later, in step()).
+        self.pauses.append(time.perf_counter() - t0)
+        self.loading = msg
+        self.load_started = t0
+        if self.engine.version >= msg.version:
+            self._finish_load(msg)
+
+    def _finish_load(self, msg) -> None:
+        timings = self.receiver.done(msg)
+        self.loading = None
+        self.out_q.put(Envelope(self.name, WeightsLoaded(msg.version, {
+            **timings, "sync/engine_pause_s": self.pauses[-1] if self.pauses else 0.0,
+            "sync/apply_wait_s": time.perf_counter() - self.load_started,
+            "sync/latency_s": time.time() - msg.sent_at})))
+        if self.pending_weights:
+            self.receiver.begin(self.pending_weights[0])
+
+    # ---- generation ----------------------------------------------------------------------
+    def step(self) -> None:
+        st = self.engine.stats
+        steps_before, prefill_tokens_before = st.decode_steps + st.prefill_steps, st.prefill_tokens
+        t0 = time.perf_counter()
+        finished = self.engine.step()
+        self.busy_s += time.perf_counter() - t0
+        if st.decode_steps + st.prefill_steps > steps_before:  # a forward pass ran
+            if st.last_step_kind == "decode":
+                self.decode_samples.append((st.last_step_num_seqs, st.last_step_seconds))
+            else:
+                self.prefill_samples.append((st.prefill_tokens - prefill_tokens_before, st.last_step_seconds))
+        for r in finished:
+            self.collect(r)
+
+    def collect(self, r: Rollout) -> None:
+        group = self.groups.get(r.request_id)
+        if group is None:  # aborted by AbortKind
+            return
+        if r.finish_reason == "abort":
+            # Weights changed under us in abort mode: continue this sample from its prefix.
+            params = dataclasses.replace(group.msg.params, n=1)
+            self.engine.add_request(group.msg.prompt_ids, params, request_id=r.request_id, resume=r)
+            return
+        group.rollouts[r.sample_index] = r
+        if len(group.rollouts) == group.msg.params.n:
+            del self.groups[r.request_id]
+            rollouts = [group.rollouts[i] for i in range(group.msg.params.n)]
+            self.out_q.put(Envelope(self.name, Generated(group.msg.group_id, group.msg.kind, rollouts)))
+
+    def send_status(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last_status < STATUS_EVERY_S:
+            return
+        self.last_status = now
+        s = self.engine.stats
+        self.out_q.put(Envelope(self.name, EngineStatus(
+            version=self.engine.version, busy_s=self.busy_s, wall_s=now - self.t_start,
+            tokens=s.tokens_generated, decode_steps=s.decode_steps, decode_s=s.decode_seconds,
+            prefill_tokens=s.prefill_tokens, prefill_s=s.prefill_seconds,
+            running=self.engine.num_running, waiting=self.engine.num_waiting,
+            pauses=self.pauses, decode_samples=self.decode_samples,
+            prefill_samples=self.prefill_samples)))
+        self.pauses, self.decode_samples, self.prefill_samples = [], [], []
+        trace.counter("engine/running", seqs=self.engine.num_running)
+
+    def loop(self) -> None:
+        while self.running:
+            has_work = self.engine.has_unfinished() and not self.paused
+            self.read_commands(block=not has_work and self.loading is None and not self.pending_weights)
+            if self.receiver is not None:
+                self.maybe_load_weights()
+            if self.engine.has_unfinished() and not self.paused:
+                self.step()
+            self.send_status()
+        self.send_status(force=True)
+        if self.receiver is not None:
+            self.receiver.close()
+        trace.flush()
+
+
+def run_engine_worker(model_path, engine_config, out_q, cmd_q, name="engine", trace_dir=None) -> None:
+    """Process entry point (spawned)."""
+    worker_main(name, out_q, lambda: EngineWorker(model_path, engine_config, out_q, cmd_q, name, trace_dir).loop())

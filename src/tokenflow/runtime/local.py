@@ -1,0 +1,68 @@
+"""The local backend: engine and trainer as spawned processes on this machine, no services.
+
+The orchestrator talks to workers only through this small surface (``engines``, ``trainer``,
+``recv``, ``broadcast``, ``check``, ``shutdown``), which the Ray backend implements too.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+
+from tokenflow.runtime.engine_worker import run_engine_worker
+from tokenflow.runtime.messages import Shutdown
+from tokenflow.runtime.trainer_worker import run_trainer_worker
+from tokenflow.runtime.workers import WorkerHandle
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
+                 resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int = 1) -> None:
+        ctx = mp.get_context("spawn")
+        self.inbox = ctx.Queue()
+        engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
+        engine_qs = [ctx.Queue() for _ in range(num_engines)]
+        self.engines = []
+        for i, q in enumerate(engine_qs):
+            name = "engine" if num_engines == 1 else f"engine{i}"
+            h = WorkerHandle(name, run_engine_worker, (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir),
+                             ctx, cmd_q=q)
+            h.load = 0  # samples in flight on this engine, for routing
+            self.engines.append(h)
+        trainer_q = ctx.Queue()
+        self.trainer = WorkerHandle("trainer", run_trainer_worker,
+                                    (trainer_model_path, cfg, self.inbox, trainer_q, engine_qs, resume_dir,
+                                     "trainer", trace_dir), ctx, cmd_q=trainer_q)
+
+    @property
+    def all_workers(self) -> list[WorkerHandle]:
+        return [*self.engines, self.trainer]
+
+    def start(self) -> "LocalBackend":
+        for w in self.all_workers:
+            w.start()
+        return self
+
+    def recv(self, timeout: float):
+        try:
+            return self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def broadcast(self, msg) -> None:
+        for e in self.engines:
+            e.send(msg)
+
+    def check(self) -> None:
+        for w in self.all_workers:
+            w.check()
+
+    def shutdown(self) -> None:
+        for w in self.all_workers:
+            if w.process.is_alive():
+                w.send(Shutdown())
+        for w in self.all_workers:
+            w.stop(timeout=20)

@@ -1,0 +1,143 @@
+"""Typed messages between the orchestrator, the engine worker and the trainer worker.
+
+Nothing but these dataclasses (and the ``Rollout`` records and ``WeightsReady`` notices they
+carry) crosses a process boundary, so each side can read what the other may send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tokenflow.rollout import Rollout
+
+RequestKind = Literal["train", "eval"]
+
+
+# ---- orchestrator → engine -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Generate:
+    """Sample ``params.n`` completions of one prompt; they come back as one ``Generated`` group."""
+
+    group_id: int
+    prompt_id: int
+    prompt_ids: list[int]
+    params: object  # tokenflow.engine.SamplingParams (kept untyped here to stay import-light)
+    kind: RequestKind = "train"
+
+
+@dataclass(frozen=True)
+class AttachSync:
+    """The trainer's weight-sync spec; the engine builds its receiver from it."""
+
+    spec: object  # tokenflow.sync.base.SyncSpec
+    receiver_index: int = 0
+
+
+@dataclass(frozen=True)
+class SetPaused:
+    """Blocking mode: generation and training take turns."""
+
+    paused: bool
+
+
+@dataclass(frozen=True)
+class AbortKind:
+    """Drop every unfinished request of this kind (e.g. leftover training work before the final eval)."""
+
+    kind: RequestKind
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# ---- engine → orchestrator -----------------------------------------------------------------
+@dataclass
+class Generated:
+    """All samples of one ``Generate`` request, finished."""
+
+    group_id: int
+    kind: RequestKind
+    rollouts: list[Rollout]
+
+
+@dataclass
+class WeightsLoaded:
+    version: int
+    timings: dict[str, float]
+
+
+@dataclass
+class EngineStatus:
+    """Cumulative counters since the worker started, sent about once a second and on demand."""
+
+    version: int
+    busy_s: float
+    wall_s: float
+    tokens: int
+    decode_steps: int
+    decode_s: float
+    prefill_tokens: int
+    prefill_s: float
+    running: int
+    waiting: int
+    pauses: list[float] = field(default_factory=list)
+    """Engine pause per weight update since the last status (seconds)."""
+    decode_samples: list[tuple[int, float]] = field(default_factory=list)
+    """(running sequences, seconds) per decode step since the last status, for calibration."""
+    prefill_samples: list[tuple[int, float]] = field(default_factory=list)
+
+
+# ---- orchestrator → trainer ----------------------------------------------------------------
+@dataclass
+class Train:
+    step: int
+    rollouts: list[Rollout]
+    sync_weights: bool = True
+    """Push the new weights to the engines after this step."""
+
+
+@dataclass(frozen=True)
+class Save:
+    directory: str
+
+
+# ---- trainer → orchestrator ----------------------------------------------------------------
+@dataclass
+class TrainerReady:
+    version: int
+    sync_spec: object
+    num_parameters: int
+
+
+@dataclass
+class Trained:
+    step: int
+    version: int
+    metrics: dict[str, float]
+    train_s: float
+    sync_s: float
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Saved:
+    directory: str
+
+
+# ---- any worker → orchestrator -------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerFailed:
+    worker: str
+    error: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What goes on the shared result queue: the sender's name and its message."""
+
+    worker: str
+    message: object

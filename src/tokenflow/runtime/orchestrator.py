@@ -1,0 +1,381 @@
+"""The orchestrator: the main process that keeps tokens flowing.
+
+    task ──prompts──► admit ──Generate──► engine(s) ──Generated──► scorer pool ──► RolloutBuffer
+                        ▲                     ▲                                        │
+                        │ capacity            │ WeightsReady (trainer → engine)        │ take_batch
+                        │                     │                                        ▼
+                        └──── WeightsLoaded ◄─┴───────────── trainer ◄────── Train ────┘
+
+Backpressure comes from one place: the buffer's admission rule (see ``tokenflow.buffer``). The
+engine is fed as long as the staleness budget allows; the trainer gets a batch as soon as one
+step's groups are scored. Neither waits for the other otherwise. With ``max_staleness = 0`` the
+same loop is synchronous training: admit one step, generate, score, train, sync, repeat.
+
+The orchestrator never blocks on one worker: it multiplexes every worker's messages through one
+inbox and checks on each turn that all workers are alive, so a failure surfaces at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+from tokenflow.buffer import RolloutBuffer
+from tokenflow.evaluation import encode_prompt
+from tokenflow.metrics import trace
+from tokenflow.runtime import messages as M
+from tokenflow.runtime.calibration_log import CalibrationLog
+from tokenflow.runtime.progress import Progress
+from tokenflow.runtime.run_dir import RunDir
+from tokenflow.runtime.step_metrics import EngineTotals, IdleClock, batch_metrics
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def request_seed(run_seed: int, prompt_id: int) -> int:
+    """Per-prompt sampling seed: the same prompt gets the same samples in every run and on resume."""
+    return (run_seed * 1_000_003 + prompt_id) % (2**31 - 1)
+
+
+class Orchestrator:
+    def __init__(self, cfg, run_dir: RunDir, backend, task, tokenizer, scorer, logger,
+                 resume_state: tuple[dict, dict] | None = None) -> None:
+        from tokenflow.engine import SamplingParams
+
+        self.cfg, self.run_dir, self.backend, self.task = cfg, run_dir, backend, task
+        self.tokenizer, self.scorer, self.logger = tokenizer, scorer, logger
+        r, s = cfg.rollout, cfg.sampling
+        self.train_params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                           max_tokens=s.max_tokens, stop=tuple(s.stop), n=r.group_size)
+        self.eval_params = SamplingParams(temperature=0.0, max_tokens=s.max_tokens, stop=tuple(s.stop))
+        self.buffer = RolloutBuffer(r.prompts_per_step, r.group_size, r.max_staleness,
+                                    cfg.algorithm.max_token_age)
+        self.blocking = cfg.engine.update_mode == "blocking"
+        self.step = 0
+        self.cursor = 0
+        self.next_group_id = 0
+        self.baseline_accuracy: float | None = None
+        self.wall_offset = 0.0
+        self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
+        self.trainer_busy = True  # until TrainerReady
+        self.pending_batch: tuple[list[int], dict] | None = None
+        self.engine_versions = {h.name: 0 for h in backend.engines}
+        self.engine_totals = EngineTotals()
+        self.idle = IdleClock()
+        self.calibration = CalibrationLog()
+        self.sync_timings: list[dict] = []
+        self.eval_results: dict[int, list] = {}
+        self.last_eval: float | None = None
+        self.last_progress: dict = {}
+        self.last_msg_from = {h.name: time.monotonic() for h in backend.all_workers}
+        self.t_train0: float | None = None
+        self._evaluated_at = -1
+        if resume_state is not None:
+            self._restore(*resume_state)
+
+    # ---- state -----------------------------------------------------------------------------
+    def _restore(self, state: dict, buffer_state: dict) -> None:
+        self.step = state["step"]
+        self.cursor = state["cursor"]
+        self.next_group_id = state["next_group_id"]
+        self.baseline_accuracy = state["baseline_accuracy"]
+        self.wall_offset = state["wall_s"]
+        self.buffer.load_state_dict(buffer_state)
+        self.engine_versions = {k: self.step for k in self.engine_versions}
+        for gid, pid in self.buffer.in_flight.items():
+            self.prompts[gid] = self.task.train_prompt(pid)
+
+    def _state(self) -> dict:
+        return {"step": self.step, "cursor": self.cursor, "next_group_id": self.next_group_id,
+                "baseline_accuracy": self.baseline_accuracy, "wall_s": self.wall_s()}
+
+    def wall_s(self) -> float:
+        return self.wall_offset + (time.monotonic() - self.t_train0 if self.t_train0 is not None else 0.0)
+
+    # ---- admission -------------------------------------------------------------------------
+    def groups_needed(self) -> int:
+        return self.cfg.run.steps * self.cfg.rollout.prompts_per_step
+
+    def _send_generate(self, gid: int, prompt, kind: str, params) -> None:
+        ids = self.encode(prompt.text)
+        engine = min(self.backend.engines, key=lambda h: h.load)
+        engine.load += params.n
+        self.group_engine[gid] = engine
+        engine.send(M.Generate(gid, prompt.id, ids, params, kind))
+
+    def encode(self, text: str) -> list[int]:
+        t = self.cfg.task
+        if t.chat_template:
+            msgs = ([{"role": "system", "content": t.system_prompt}] if t.system_prompt else [])
+            msgs.append({"role": "user", "content": text})
+            return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        return encode_prompt(self.tokenizer, text)
+
+    def admit(self) -> None:
+        while (self.buffer.rollouts_admitted // self.cfg.rollout.group_size < self.groups_needed()
+               and self.buffer.can_admit()):
+            prompt = self.task.train_prompt(self.cursor)
+            gid = self.next_group_id
+            self.cursor += 1
+            self.next_group_id += 1
+            self.buffer.admit(gid, prompt.id)
+            self.prompts[gid] = prompt
+            seed = request_seed(self.cfg.run.seed, prompt.id)
+            self._send_generate(gid, prompt, "train", dataclasses.replace(self.train_params, seed=seed))
+        trace.counter("buffer/fill", fill=self.buffer.fill, ready=self.buffer.num_ready)
+
+    # ---- message handling ------------------------------------------------------------------
+    def pump(self, timeout: float) -> None:
+        env = self.backend.recv(timeout)
+        while env is not None:
+            self.last_msg_from[env.worker] = time.monotonic()
+            self.handle(env.worker, env.message)
+            env = self.backend.recv(0)
+        self.backend.check()
+        self._check_timeouts()
+
+    def handle(self, worker: str, msg) -> None:
+        if isinstance(msg, M.Generated):
+            engine = self.group_engine.pop(msg.group_id, None)
+            if engine is not None:
+                engine.load -= len(msg.rollouts)
+            if msg.kind == "eval":
+                self.eval_results[msg.group_id] = msg.rollouts
+                return
+            prompt = self.prompts[msg.group_id]
+            self.calibration.rollouts(msg.rollouts)
+            self.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
+        elif isinstance(msg, M.Trained):
+            self._on_trained(msg)
+        elif isinstance(msg, M.WeightsLoaded):
+            self.engine_versions[worker] = msg.version
+            self.buffer.set_engine_version(min(self.engine_versions.values()))
+            self.sync_timings.append(msg.timings)
+            if self.blocking and min(self.engine_versions.values()) >= self.step:
+                self.backend.broadcast(M.SetPaused(False))
+        elif isinstance(msg, M.EngineStatus):
+            self.engine_totals.update(worker, msg)
+            self.calibration.engine_status(msg)
+        elif isinstance(msg, M.Saved):
+            self._on_saved(msg)
+        elif isinstance(msg, M.TrainerReady):
+            self.trainer_busy = False
+            self.num_parameters = msg.num_parameters
+            for i, engine in enumerate(self.backend.engines):
+                engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
+        elif isinstance(msg, M.WorkerFailed):
+            raise RunFailed(
+                f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}\n"
+                f"Checkpoints in {self.run_dir.root} are intact; continue with "
+                f"`tokenflow train --resume {self.run_dir.root}`")
+        else:
+            raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
+
+    def _check_timeouts(self) -> None:
+        limit = self.cfg.runtime.worker_timeout_s
+        now = time.monotonic()
+        for name, t in self.last_msg_from.items():
+            if now - t > limit:
+                raise RunFailed(f"the {name} worker sent nothing for {now - t:.0f}s "
+                                f"(runtime.worker_timeout_s = {limit:g}); it is hung or overloaded")
+
+    def collect_scored(self) -> None:
+        for group, meta in self.scorer.poll():
+            gid = meta["group_id"]
+            if gid in self.eval_scored:
+                self.eval_scored[gid] = group
+                continue
+            self.buffer.put(group)
+
+    # ---- training --------------------------------------------------------------------------
+    def maybe_dispatch(self) -> None:
+        if self.trainer_busy or self.step >= self.cfg.run.steps:
+            return
+        self.buffer.mark_trainer_waiting()
+        batch = self.buffer.take_batch(self.step)
+        if batch is None:
+            return
+        step = self.step + 1
+        rollouts = [r for g in batch for r in g]
+        sync = step % self.cfg.sync.every == 0 or step == self.cfg.run.steps
+        prompt_ids = [g[0].prompt_id for g in batch]
+        for g in batch:
+            self.prompts.pop(g[0].group_id, None)
+        self.pending_batch = (prompt_ids, batch_metrics(batch))
+        if self.blocking:
+            self.backend.broadcast(M.SetPaused(True))
+        self.trainer_busy = True
+        self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
+
+    def _on_trained(self, msg: M.Trained) -> None:
+        self.step = msg.step
+        self.trainer_busy = False
+        self.idle.trainer_busy_s += msg.train_s + msg.sync_s
+        self.calibration.trainer_step(msg)
+        prompt_ids, bmetrics = self.pending_batch
+        self.pending_batch = None
+        metrics = {**msg.metrics, **bmetrics, **self.buffer.metrics(), **self._engine_metrics(),
+                   **self._sync_metrics()}
+        wall = self.wall_s()
+        metrics.update({"time/wall_s": wall, "time/step_s": wall - self.last_step_wall,
+                        "perf/trainer_idle_frac": self.idle.trainer_idle(wall - self.wall_offset),
+                        "perf/engine_idle_frac": self.idle.engine_idle(self.engine_totals),
+                        "policy/version": float(msg.version)})
+        self.last_step_wall = wall
+        if self.blocking and not (msg.step % self.cfg.sync.every == 0 or msg.step == self.cfg.run.steps):
+            self.backend.broadcast(M.SetPaused(False))
+        self.logger.log(self.step, metrics)
+        self.ledger.write(f'{{"step": {self.step}, "prompt_ids": {prompt_ids}}}\n')
+        self.ledger.flush()
+        self.last_progress = {"reward": metrics.get("reward/mean", 0.0), "accuracy": self.last_eval,
+                              "tokens_per_s": metrics.get("perf/engine_tokens_per_s", 0.0),
+                              "age_mean": metrics.get("offpolicy/token_age_mean", 0.0),
+                              "age_max": metrics.get("offpolicy/token_age_max", 0.0)}
+        self.progress.update(self.step, self.last_progress)
+        every = self.cfg.run.checkpoint_every
+        if every and self.step % every == 0 and self.step < self.cfg.run.steps:
+            self.checkpoint()
+
+    def _engine_metrics(self) -> dict[str, float]:
+        now = time.monotonic()
+        tokens = self.engine_totals.total("tokens")
+        dt = now - self._last_engine_sample[0]
+        rate = (tokens - self._last_engine_sample[1]) / dt if dt > 0 else 0.0
+        self._last_engine_sample = (now, tokens)
+        steps = self.engine_totals.total("decode_steps")
+        return {"perf/engine_tokens_per_s": rate, "engine/tokens_total": tokens,
+                "engine/decode_step_s": self.engine_totals.total("decode_s") / steps if steps else 0.0,
+                "engine/running": self.engine_totals.total("running"),
+                "engine/waiting": self.engine_totals.total("waiting"),
+                "engine/version": float(min(self.engine_versions.values()))}
+
+    def _sync_metrics(self) -> dict[str, float]:
+        timings, self.sync_timings = self.sync_timings, []
+        out: dict[str, float] = {}
+        for key in sorted({k for t in timings for k in t}):
+            vals = [t[key] for t in timings if key in t]
+            out[f"{key}_mean" if key.endswith("_s") else key] = sum(vals) / len(vals)
+            if key == "sync/engine_pause_s":
+                out["sync/engine_pause_max_s"] = max(vals)
+        self.calibration.sync(timings)
+        return out
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        staging = self.run_dir.staging_dir(self.step)
+        self._pending_checkpoint = (staging, self.step, self._state(), self.buffer.state_dict())
+        self.trainer_busy = True
+        self.backend.trainer.send(M.Save(str(staging)))
+
+    def _on_saved(self, msg: M.Saved) -> None:
+        staging, step, state, buffer_state = self._pending_checkpoint
+        path = self.run_dir.commit_checkpoint(staging, step, state, buffer_state, self.cfg.run.keep_checkpoints)
+        log.debug("checkpoint %s", path)
+        self._pending_checkpoint = None
+        self.trainer_busy = False
+
+    def wait_for(self, condition, what: str, timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout_s or self.cfg.runtime.worker_timeout_s)
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RunFailed(f"timed out waiting for {what}")
+            self.collect_scored()
+            self.pump(0.02)
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def evaluate(self) -> float:
+        """Held-out greedy accuracy with the weights the engines hold now."""
+        prompts = self.task.eval_prompts()[: self.cfg.run.eval_limit]
+        self.eval_results, self.eval_scored = {}, {}
+        with trace.span("orchestrator/eval", n=len(prompts)):
+            for i, p in enumerate(prompts):
+                gid = -(i + 1)  # eval groups live below zero, apart from training groups
+                self.eval_scored[gid] = None
+                self._send_generate(gid, p, "eval", self.eval_params)
+            submitted: set[int] = set()
+
+            def all_scored() -> bool:
+                for gid, rollouts in list(self.eval_results.items()):
+                    if gid not in submitted:
+                        submitted.add(gid)
+                        p = prompts[-gid - 1]
+                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid)
+                return all(v is not None for v in self.eval_scored.values())
+
+            self.wait_for(all_scored, "the held-out evaluation")
+        rewards = [g[0].reward if not g[0].failed else 0.0 for g in self.eval_scored.values()]
+        self.eval_scored = {}
+        acc = sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
+        self.last_eval = acc
+        return acc
+
+    # ---- the run ---------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.group_engine: dict[int, object] = {}
+        self.eval_scored: dict[int, object] = {}
+        self._pending_checkpoint = None
+        self.ledger = open(self.run_dir.ledger, "a", encoding="utf-8")
+        self.progress = Progress(cfg.run.steps, start=self.step, enabled=cfg.metrics.progress)
+        t_start = time.monotonic()
+        try:
+            self.progress.status("starting workers")
+            self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
+            if self.baseline_accuracy is None:
+                self.progress.status("evaluating the starting model")
+                self.baseline_accuracy = self.evaluate()
+                self.logger.log(self.step, {"eval/accuracy": self.baseline_accuracy})
+                log.info("baseline held-out accuracy %.3f", self.baseline_accuracy)
+            self.t_train0 = time.monotonic()
+            self.last_step_wall = self.wall_offset
+            self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
+            self.idle.start(self.engine_totals)
+            for gid, prompt in sorted(self.prompts.items()):  # resumed in-flight groups
+                if gid not in self.buffer.ready:
+                    seed = request_seed(cfg.run.seed, prompt.id)
+                    self._send_generate(gid, prompt, "train", dataclasses.replace(self.train_params, seed=seed))
+            while self.step < cfg.run.steps or self._pending_checkpoint is not None:
+                self.admit()
+                self.collect_scored()
+                self.maybe_dispatch()
+                self.pump(0.005 if self.scorer.num_pending else 0.02)
+                if cfg.run.eval_every and self.step and self.step % cfg.run.eval_every == 0 \
+                        and self.step < cfg.run.steps and self._evaluated_at != self.step:
+                    self._evaluated_at = self.step
+                    self.logger.log(self.step, {"eval/accuracy": self.evaluate()})
+            train_wall = self.wall_s()
+            self.wait_for(lambda: min(self.engine_versions.values()) >= self.step, "the final weights")
+            self.backend.broadcast(M.AbortKind("train"))
+            self.group_engine.clear()
+            self.progress.status("evaluating the trained model")
+            final = self.evaluate()
+            self.logger.log(self.step, {"eval/accuracy": final})
+            self.checkpoint()
+            self.wait_for(lambda: self._pending_checkpoint is None, "the final checkpoint")
+            summary = self._summary(final, train_wall, time.monotonic() - t_start)
+            self.calibration.write(self.run_dir.calibration, cfg, summary)
+            return summary
+        finally:
+            self.progress.close()
+            self.ledger.close()
+
+    def _summary(self, final: float, train_wall: float, total_s: float) -> dict:
+        window = train_wall - self.wall_offset
+        return {
+            "baseline_accuracy": self.baseline_accuracy, "final_accuracy": final,
+            "steps": self.step, "wall_s": round(total_s, 3), "train_wall_s": round(train_wall, 3),
+            "mode": "sync" if self.cfg.rollout.max_staleness == 0 else "async",
+            "max_staleness": self.cfg.rollout.max_staleness,
+            "update_mode": self.cfg.engine.update_mode,
+            "trainer_idle_frac": self.idle.trainer_idle(window),
+            "engine_idle_frac": self.idle.engine_idle(self.engine_totals),
+            "tokens_generated": self.engine_totals.total("tokens"),
+            "in_flight_prompt_ids": sorted(self.buffer.in_flight.values()),
+            "last_reward_mean": self.last_progress.get("reward"),
+        }

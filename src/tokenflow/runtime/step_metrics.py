@@ -1,0 +1,71 @@
+"""Per-step metrics the orchestrator adds to the trainer's: rewards, rollout shape, engine, idle time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenflow.rollout import Rollout
+
+
+def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
+    rollouts = [r for g in batch for r in g]
+    scored = [r for r in rollouts if not r.failed]
+    lens = np.array([r.num_tokens for r in rollouts], dtype=np.float64)
+    m: dict[str, float] = {
+        "rollout/count": float(len(rollouts)),
+        "rollout/completion_len_mean": float(lens.mean()) if len(lens) else 0.0,
+        "rollout/completion_len_max": float(lens.max()) if len(lens) else 0.0,
+        "rollout/truncated_frac": float(np.mean([r.finish_reason == "length" for r in rollouts])) if rollouts else 0.0,
+        "rollout/versions_per_rollout": float(np.mean([len(np.unique(r.versions)) for r in rollouts if r.num_tokens]))
+        if rollouts else 0.0,
+        "reward/failed_frac": (len(rollouts) - len(scored)) / max(1, len(rollouts)),
+    }
+    if scored:
+        rewards = np.array([r.reward for r in scored], dtype=np.float64)
+        m.update({"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+                  "reward/max": float(rewards.max()), "reward/min": float(rewards.min())})
+        # Groups whose samples all got the same reward carry no GRPO signal.
+        flat = [g for g in batch if len({r.reward for r in g if not r.failed}) <= 1]
+        m["reward/zero_signal_group_frac"] = len(flat) / max(1, len(batch))
+        for key in scored[0].rewards:
+            if key != "reward":
+                m[f"reward/{key}_mean"] = float(np.mean([r.rewards.get(key, 0.0) for r in scored]))
+    return m
+
+
+@dataclass
+class EngineTotals:
+    """Cumulative engine counters (summed over engines) from their latest status messages."""
+
+    per_engine: dict[str, object] = field(default_factory=dict)
+
+    def update(self, worker: str, status) -> None:
+        self.per_engine[worker] = status
+
+    def total(self, attr: str) -> float:
+        return float(sum(getattr(s, attr) for s in self.per_engine.values()))
+
+
+class IdleClock:
+    """Busy time of the trainer and the engines within the training window → idle fractions."""
+
+    def __init__(self) -> None:
+        self.trainer_busy_s = 0.0
+        self.engine_busy_at_start: float | None = None
+        self.engine_wall_at_start: float | None = None
+
+    def start(self, engines: EngineTotals) -> None:
+        self.engine_busy_at_start = engines.total("busy_s")
+        self.engine_wall_at_start = engines.total("wall_s")
+
+    def trainer_idle(self, window_s: float) -> float:
+        return max(0.0, 1.0 - self.trainer_busy_s / window_s) if window_s > 0 else 0.0
+
+    def engine_idle(self, engines: EngineTotals) -> float:
+        if self.engine_busy_at_start is None:
+            return 0.0
+        wall = engines.total("wall_s") - self.engine_wall_at_start
+        busy = engines.total("busy_s") - self.engine_busy_at_start
+        return max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0
