@@ -53,6 +53,15 @@ def use_fp32_lm_head(model) -> None:
     head.forward = types.MethodType(_fp32_linear_forward, head)
 
 
+def enable_checkpointing(model) -> None:
+    """Recompute each decoder layer in the backward pass (non-reentrant checkpoint)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name from transformers 5.x on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class CausalLMRunner:
     """Runs one model on micro-batches and returns the logits at the target positions only
     (``logits_to_keep``), plus, on request, the final hidden states there (the value head's

@@ -33,7 +33,8 @@ from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 from tokenflow.trainer.logprobs import support_keep_mask, token_logprobs
 from tokenflow.trainer.metrics import age_stats, step_metrics
-from tokenflow.trainer.model import CausalLMRunner, frozen_copy, load_causal_lm, use_fp32_lm_head
+from tokenflow.trainer.model import (CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm,
+                                     use_fp32_lm_head)
 from tokenflow.trainer.schedule import build_scheduler
 from tokenflow.trainer.value_head import ValueHead
 
@@ -70,7 +71,7 @@ class Trainer:
         for m in filter(None, [self.model, self.reference] if config.fp32_lm_head else []):
             use_fp32_lm_head(m)
         if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(self.model)
         self.model.train()
         self.value_head = None
         if config.value_head:
