@@ -14,45 +14,57 @@ Entropy is that of the same (tempered, masked) distribution, in nats.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def support_keep_mask(num_rows: int, vocab: int, rows: torch.Tensor, ids: torch.Tensor,
-                      masked_rows: torch.Tensor, device=None) -> torch.Tensor:
-    """Bool [num_rows, vocab]: True where a logit stays. ``masked_rows`` lists the rows that have a
-    recorded support; the pairs (``rows[k]``, ``ids[k]``) are that support's members."""
-    keep = torch.ones(num_rows, vocab, dtype=torch.bool, device=device)
-    keep[masked_rows] = False
-    keep[rows, ids] = True
-    return keep
+@dataclass
+class SupportMask:
+    """Which logits survive on the rows that recorded a sampling support."""
+
+    rows: torch.Tensor
+    """[k] target rows with a recorded support."""
+    keep: torch.Tensor
+    """[k, V] bool: True for the support's members. Only these k rows are masked, so memory
+    grows with the number of truncated tokens, not the whole micro-batch."""
+
+    @classmethod
+    def build(cls, rows: torch.Tensor, pair_rows: torch.Tensor, pair_ids: torch.Tensor, vocab: int) -> "SupportMask":
+        """``rows`` lists the masked target rows; (``pair_rows[j]``, ``pair_ids[j]``) are the
+        support members, ``pair_rows`` indexing into the micro-batch's targets."""
+        local = torch.empty(int(rows.max()) + 1, dtype=torch.long, device=rows.device)
+        local[rows] = torch.arange(len(rows), device=rows.device)
+        keep = torch.zeros(len(rows), vocab, dtype=torch.bool, device=rows.device)
+        keep[local[pair_rows], pair_ids] = True
+        return cls(rows, keep)
 
 
 def sampling_logits(logits: torch.Tensor, temperature: torch.Tensor,
-                    keep: torch.Tensor | None = None) -> torch.Tensor:
+                    support: SupportMask | None = None) -> torch.Tensor:
     """logits [n, V] → float32 logits of the sampling distribution (tempered, support-masked)."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     out = logits.float() / t.to(torch.float32).unsqueeze(-1)
-    if keep is not None:
-        out = out.masked_fill(~keep, float("-inf"))
+    if support is not None:
+        masked = out[support.rows].masked_fill(~support.keep, float("-inf"))
+        out = out.index_put((support.rows,), masked)
     return out
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor,
-                   keep: torch.Tensor | None = None, with_entropy: bool = True,
+                   support: SupportMask | None = None, with_entropy: bool = True,
                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) [n] under the sampling distribution, and its entropy [n] (or None).
 
     The entropy is detached unless ``entropy_grad`` (an entropy bonus needs its gradient).
     """
-    z = sampling_logits(logits, temperature, keep)
+    z = sampling_logits(logits, temperature, support)
     logp_all = torch.log_softmax(z, dim=-1)
     logp = logp_all.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             # −Σ p log p with 0·log 0 = 0: masked entries are −∞ and must not make NaNs.
-            finite = torch.isfinite(logp_all)
-            safe = torch.where(finite, logp_all, torch.zeros_like(logp_all))
+            safe = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
             entropy = -(safe.exp() * safe).sum(-1)
-            entropy = torch.where(finite.any(-1), entropy, torch.zeros_like(entropy))
     return logp, entropy

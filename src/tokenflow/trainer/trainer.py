@@ -31,7 +31,7 @@ from tokenflow.metrics.trace import span
 from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
 from tokenflow.trainer.config import TrainerConfig, check_compatible
-from tokenflow.trainer.logprobs import support_keep_mask, token_logprobs
+from tokenflow.trainer.logprobs import SupportMask, token_logprobs
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model import (CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm,
                                      use_fp32_lm_head)
@@ -137,11 +137,11 @@ class Trainer:
                                      "if the engine does not record them set algorithm.behaviour_logprobs = false")
         return seqs
 
-    def _keep_mask(self, mb: MicroBatch, vocab: int) -> torch.Tensor | None:
+    @staticmethod
+    def _keep_mask(mb: MicroBatch, vocab: int) -> SupportMask | None:
         if mb.support_rows is None:
             return None
-        rows, ids = mb.support_pairs
-        return support_keep_mask(len(mb.targets), vocab, rows, ids, mb.support_rows, device=self.device)
+        return SupportMask.build(mb.support_rows, *mb.support_pairs, vocab)
 
     def _no_grad_pass(self, seqs: list[TrainSequence], n: int):
         """π_prox log-probs (decoupled objective / no behaviour log-probs) and V_old (GAE), per
