@@ -26,35 +26,45 @@ def _mean_completion(cfg) -> float:
     return LengthSampler(cfg.workload, 0).mean_completion()
 
 
+@pytest.mark.parametrize("transport", ["broadcast", "shared_memory"])
 @pytest.mark.parametrize("mode", ["inflight", "abort", "drain", "blocking"])
-def test_synchronous_step_is_generation_plus_training_plus_sync(ideal, mode):
-    """K = 0: step time = G + T + S, each computed by hand."""
-    cfg = ideal(pipeline__max_staleness=0, pipeline__update_mode=mode,
+def test_synchronous_step_is_generation_plus_training_plus_sync(ideal, mode, transport):
+    """K = 0: step time = G + T + S, each computed by hand; S = the trainer's send S_t plus the
+    engine's swap S_e (both transports: nothing runs concurrently, so nothing waits)."""
+    cfg = ideal(pipeline__max_staleness=0, pipeline__update_mode=mode, pipeline__transport=transport,
+                pipeline__bucket_mb=0.0, hardware__swap_bandwidth_gbps=100.0, hardware__swap_overhead_s=0.02,
                 hardware__decode_step_base_s=0.01, hardware__prefill_s_per_token=1e-4,
                 hardware__prefill_overhead_s=0.05, hardware__train_step_overhead_s=0.7,
                 hardware__train_s_per_token=2e-4, hardware__model_bytes=2e9,
-                hardware__broadcast_bandwidth_gbps=4.0, hardware__sync_latency_s=0.01,
+                hardware__broadcast_bandwidth_gbps=4.0, hardware__shared_memory_bandwidth_gbps=4.0,
+                hardware__sync_latency_s=0.01,
                 hardware__num_param_tensors=50, sim__steps=5, sim__warmup_steps=1)
     w, hw = cfg.workload, cfg.hardware
     n, L, P = w.rollouts_per_step, w.completion_median, w.prompt_length
     G = 0.05 + 1e-4 * w.prompts_per_step * P + L * (0.01 + hw.decode_step_per_seq_s * n)
     T = 0.7 + 2e-4 * n * (L + P) / hw.training_pool
-    S = 2e9 / 4e9 + 50 * 0.01
+    S_t = 2e9 / 4e9 + (50 if transport == "broadcast" else 1) * 0.01
+    S_e = 2e9 / 100e9 + 0.02
     r = simulate(cfg)
-    assert r.step_time_s == pytest.approx(G + T + S, rel=1e-6)
-    assert r.step_breakdown_s["sync"] == pytest.approx(S, rel=1e-6)
+    assert r.step_time_s == pytest.approx(G + T + S_t + S_e, rel=1e-6)
+    assert r.step_breakdown_s["sync"] == pytest.approx(S_t, rel=1e-6)
+    assert r.step_breakdown_s["wait_data"] == pytest.approx(S_e + G, rel=1e-6)
     assert r.staleness["max"] == 0
 
 
 @pytest.mark.parametrize("mode", ["inflight", "abort", "drain", "blocking"])
 def test_deeper_buffer_never_lowers_throughput(small, mode):
-    """Throughput is non-decreasing in max_staleness (2 % slack for finite-run noise: drain is
-    flat from K = 1 to 2, because a deeper buffer also means a longer drain at every update)."""
-    rates = [simulate(small(pipeline__max_staleness=k, pipeline__update_mode=mode)).tokens_per_s
-             for k in range(5)]
+    """Throughput (mean of three seeds) is non-decreasing in max_staleness, within 2 % of
+    finite-run noise: drain flattens out once every update waits for the slowest running
+    sequence, and there the seeds scatter by a few percent."""
+    def rate(k: int) -> float:
+        return sum(simulate(small(pipeline__max_staleness=k, pipeline__update_mode=mode, sim__seed=s,
+                                  sim__steps=30, sim__warmup_steps=3)).tokens_per_s for s in range(3)) / 3
+
+    rates = [rate(k) for k in range(5)]
     for lo, hi in zip(rates, rates[1:]):
         assert hi >= 0.98 * lo, rates
-    assert rates[-1] > 1.2 * rates[0], rates
+    assert rates[-1] > 1.5 * rates[0], rates
 
 
 @pytest.mark.parametrize("mode", ["inflight", "abort", "blocking"])

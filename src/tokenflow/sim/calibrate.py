@@ -101,7 +101,9 @@ def replay_config(rates: FittedRates, cal: Calibration, *, max_staleness: int, s
         "hardware": rates.hardware_layer(),
         "workload": workload,
         "pipeline": {"max_staleness": max_staleness, "update_mode": update_mode,
-                     "sync_every": r.sync_every, "transport": "broadcast"},
+                     # The fitted send time already holds any wait the real transport had;
+                     # shared memory adds none of its own unless an engine lags two versions.
+                     "sync_every": r.sync_every, "transport": "shared_memory"},
         "sim": {"steps": r.steps, "warmup_steps": 0, "seed": seed},
     }
     return load_layers([(f"calibration ({r.mode})", layer)])

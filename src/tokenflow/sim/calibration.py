@@ -13,7 +13,7 @@ add fields only with defaults. All times are seconds of wall clock, all sizes to
             "prefill": [[num_prompt_tokens, seconds], ...]},
  "completion_lengths": [int, ...], "prompt_lengths": [int, ...],
  "trainer": {"steps": [[num_tokens, seconds], ...]},
- "sync": {"updates": [[num_bytes, seconds], ...]},
+ "sync": {"updates": [[num_bytes, seconds], ...], "engine_pauses": [seconds, ...]},
  "measured": {"wall_s": float, "trainer_idle_frac": float, "engine_idle_frac": float,
               "steps": int}}
 ```
@@ -26,7 +26,10 @@ What each entry measures:
 * ``trainer.steps``: one entry per optimizer step: prompt + completion tokens in the batch, and
   the seconds of the step's compute (log-prob recompute, forward, backward, optimizer), not
   the wait for data and not the weight sync.
-* ``sync.updates``: one entry per weight update: bytes sent, seconds of the transfer.
+* ``sync.updates``: one entry per weight update: bytes sent, seconds the trainer was blocked
+  sending them (including any wait for a free slot or for the engines to join).
+* ``sync.engine_pauses``: one entry per weight swap in an engine: seconds decoding stopped
+  (optional; missing means swaps are free).
 * ``measured``: the run's outcome; the simulator predicts it and never fits to it.
 """
 
@@ -37,6 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FILENAME = "calibration.json"
+
+
+def _known(cls, d: dict):
+    return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -74,7 +81,9 @@ class TrainerTimings:
 @dataclass
 class SyncTimings:
     updates: list[list[float]] = field(default_factory=list)
-    """[[num_bytes, seconds], ...] per weight update."""
+    """[[num_bytes, seconds], ...] per weight update (trainer side)."""
+    engine_pauses: list[float] = field(default_factory=list)
+    """Seconds of decoding stopped per weight swap (engine side)."""
 
 
 @dataclass
@@ -100,14 +109,15 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Calibration":
+        """Read a dict; keys this version does not know are ignored (a newer runtime may add some)."""
         return cls(
-            run=RunInfo(**d["run"]),
-            engine=EngineTimings(**d.get("engine", {})),
+            run=_known(RunInfo, d["run"]),
+            engine=_known(EngineTimings, d.get("engine", {})),
             completion_lengths=[int(x) for x in d.get("completion_lengths", [])],
             prompt_lengths=[int(x) for x in d.get("prompt_lengths", [])],
-            trainer=TrainerTimings(**d.get("trainer", {})),
-            sync=SyncTimings(**d.get("sync", {})),
-            measured=Measured(**d["measured"]) if d.get("measured") else None,
+            trainer=_known(TrainerTimings, d.get("trainer", {})),
+            sync=_known(SyncTimings, d.get("sync", {})),
+            measured=_known(Measured, d["measured"]) if d.get("measured") else None,
         )
 
     def to_json(self, path: str | Path) -> Path:

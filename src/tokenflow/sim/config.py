@@ -65,11 +65,15 @@ class HardwareConfig(ConfigModel):
     broadcast_bandwidth_gbps: float = Field(default=40.0, gt=0)
     """GB/s of a trainer-to-engines broadcast (NCCL over NVLink / InfiniBand)."""
     shared_memory_bandwidth_gbps: float = Field(default=10.0, gt=0)
-    """GB/s of a shared-memory copy on one machine."""
+    """GB/s at which the trainer writes its weights into shared memory (one machine)."""
     sync_latency_s: float = Field(default=5e-5, ge=0)
     """Seconds of latency per sync message (per tensor or per bucket)."""
     sync_overhead_s: float = Field(default=0.0, ge=0)
-    """Fixed seconds per weight update (pause/resume handshakes, cache resets)."""
+    """Fixed seconds per weight update on the trainer's side (packing, notifying)."""
+    swap_bandwidth_gbps: float = Field(default=1000.0, gt=0)
+    """GB/s at which an engine copies received weights into its model; decoding pauses meanwhile."""
+    swap_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed seconds an engine pauses per weight swap (cache resets, handshakes)."""
 
     engine_slowdown_when_training: float = Field(default=0.0, ge=0)
     """Fractional slowdown of decode steps while the trainer computes (shared CPU cores or
@@ -156,7 +160,7 @@ class WorkloadConfig(ConfigModel):
 class PipelineConfig(ConfigModel):
     """How generation and training are coupled: staleness budget, weight sync, update mode."""
 
-    max_staleness: int = Field(default=1, ge=0)
+    max_staleness: int = Field(default=2, ge=0)
     """Admission bound K: at most (K + 1) * rollouts_per_step admitted and not yet consumed.
     0 is synchronous training."""
     max_token_age: int | None = Field(default=None, ge=0)
@@ -166,10 +170,13 @@ class PipelineConfig(ConfigModel):
     """What engines do with running sequences at a weight update."""
     sync_every: int = Field(default=1, ge=1)
     """Optimizer steps between weight syncs."""
-    transport: Transport = "broadcast"
-    """Weight transport; picks the bandwidth in [hardware]."""
-    bucket_mb: float = Field(default=0.0, ge=0)
-    """Bucket size in MB (10^6 bytes) for a bucketed sync; 0 sends one message per tensor."""
+    transport: Transport = "shared_memory"
+    """Weight transport. "shared_memory": the trainer writes into one of two slots and goes on
+    (it waits only if an engine still holds the version two updates back). "broadcast": a
+    collective, which starts once every engine has reached a decode step boundary; the engines
+    receive in the background and keep decoding."""
+    bucket_mb: float = Field(default=32.0, ge=0)
+    """Bucket size in MiB (2^20 bytes) of a packed broadcast; 0 sends one message per tensor."""
 
 
 class SimSection(ConfigModel):
@@ -199,13 +206,28 @@ class SimConfig(ConfigModel):
     sim: SimSection = Field(default_factory=SimSection)
     """Simulation length, seed and sweep."""
 
-    def sync_cost_s(self) -> float:
-        """Seconds of one weight update: bytes / bandwidth + messages * latency + overhead."""
+    @model_validator(mode="after")
+    def _sync_every(self) -> "SimConfig":
+        p = self.pipeline
+        if p.sync_every > p.max_staleness + 1:
+            raise ValueError(f"pipeline.sync_every = {p.sync_every} needs max_staleness >= {p.sync_every - 1}: "
+                             "the engines would wait for weights the trainer cannot produce")
+        return self
+
+    def sync_send_s(self) -> float:
+        """Trainer seconds per weight update: bytes / bandwidth + messages * latency + overhead.
+        A shared-memory write is one message."""
         hw, p = self.hardware, self.pipeline
         nbytes = hw.sync_bytes
-        gbps = hw.broadcast_bandwidth_gbps if p.transport == "broadcast" else hw.shared_memory_bandwidth_gbps
+        if p.transport == "shared_memory":
+            return nbytes / (hw.shared_memory_bandwidth_gbps * 1e9) + hw.sync_latency_s + hw.sync_overhead_s
         if p.bucket_mb > 0:
-            messages = math.ceil(nbytes / (p.bucket_mb * 1e6))
+            messages = math.ceil(nbytes / (p.bucket_mb * 2**20))
         else:
             messages = hw.num_param_tensors
-        return nbytes / (gbps * 1e9) + messages * hw.sync_latency_s + hw.sync_overhead_s
+        return nbytes / (hw.broadcast_bandwidth_gbps * 1e9) + messages * hw.sync_latency_s + hw.sync_overhead_s
+
+    def swap_s(self) -> float:
+        """Engine pause per weight swap: bytes / swap bandwidth + overhead."""
+        hw = self.hardware
+        return hw.sync_bytes / (hw.swap_bandwidth_gbps * 1e9) + hw.swap_overhead_s

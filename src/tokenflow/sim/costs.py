@@ -6,7 +6,8 @@
   aborted rollout re-prefills its partial completion too).
 * optimizer step over ``tokens`` (prompt + completion): ``T = o + s * tokens / training_gpus``,
   or a measured constant.
-* weight update: ``S = bytes / bandwidth + messages * latency + overhead``.
+* weight update: the trainer sends for ``S_t = bytes / bandwidth + messages * latency +
+  overhead``; each engine then pauses ``S_e = bytes / swap bandwidth + overhead`` to swap.
 * contention: a decode step while the trainer computes takes ``(1 + e) t(n)``; an optimizer step
   that starts while an engine decodes takes ``(1 + r) T``.
 """
@@ -29,6 +30,9 @@ class Costs:
     train_step_s: float | None
     training_gpus: int
     sync_s: float
+    """Trainer seconds per weight update (S_t)."""
+    swap_s: float
+    """Engine pause per weight swap (S_e)."""
     engine_slowdown: float
     trainer_slowdown: float
 
@@ -44,7 +48,8 @@ class Costs:
             train_overhead_s=hw.train_step_overhead_s,
             train_step_s=hw.train_step_s,
             training_gpus=hw.training_pool,
-            sync_s=cfg.sync_cost_s(),
+            sync_s=cfg.sync_send_s(),
+            swap_s=cfg.swap_s(),
             engine_slowdown=hw.engine_slowdown_when_training,
             trainer_slowdown=hw.trainer_slowdown_when_generating,
         )

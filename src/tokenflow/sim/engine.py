@@ -6,6 +6,12 @@ by one token, so the engine sleeps straight to the next completion. Anything tha
 plan (new prompts, a weight update, the trainer starting or stopping) wakes it; it then
 finishes the decode step in progress, because updates and admissions happen between steps.
 
+Weights arrive as finished transfers (``deliver``); the engine swaps them in at its swap point,
+pausing ``S_e``: the next step boundary for inflight / abort, once the running sequences have
+finished for drain (admitting nothing new meanwhile), at once in blocking mode (it is paused
+anyway). A broadcast is a collective, so the trainer first asks every engine to ``join``: the
+engine answers at its next step boundary and keeps decoding while it receives.
+
 Token versions are kept lazily: the engine logs ``(decode-step counter, version)`` at every
 weight swap and a rollout splits its tokens at those counters when it finishes or is aborted.
 """
@@ -26,7 +32,7 @@ from tokenflow.sim.recorder import Recorder
 from tokenflow.sim.rollouts import SimGroup, SimRollout
 
 if TYPE_CHECKING:
-    from tokenflow.sim.trainer import TrainerState, WeightUpdate
+    from tokenflow.sim.trainer import TrainerState
 
 _EPS_STEPS = 1e-6  # float slack when converting elapsed seconds into whole decode steps
 
@@ -34,7 +40,7 @@ _EPS_STEPS = 1e-6  # float slack when converting elapsed seconds into whole deco
 class SimEngine:
     def __init__(self, env: simpy.Environment, idx: int, *, costs: Costs, update_mode: str,
                  max_running: int, prefix_sharing: bool, trainer: "TrainerState",
-                 recorder: Recorder, on_group_done) -> None:
+                 recorder: Recorder, on_group_done, on_swapped) -> None:
         self.env = env
         self.idx = idx
         self.costs = costs
@@ -44,14 +50,17 @@ class SimEngine:
         self.trainer = trainer
         self.rec = recorder
         self.on_group_done = on_group_done
+        self.on_swapped = on_swapped
         self.counter = 0
         self.version = 0
         self.running: list[tuple[int, int, SimRollout]] = []  # heap of (finish counter, seq, rollout)
         self.waiting: deque[SimRollout] = deque()
-        self.update: WeightUpdate | None = None
+        self.pending: deque[int] = deque()  # versions received, not yet swapped in
+        self.joins: list[simpy.Event] = []  # broadcast rendezvous requests
         self._swaps = ([0], [0])  # decode-step counters, version in effect from that step on
         self._seq = itertools.count()
         self._wake: simpy.Event | None = None
+        self._swapped: simpy.Event | None = None
         self.process = env.process(self._run())
 
     # -- called by other processes ------------------------------------------------------------
@@ -63,9 +72,23 @@ class SimEngine:
         self.waiting.extend(group.rollouts)
         self.wake()
 
-    def request_update(self, update: "WeightUpdate") -> None:
-        self.update = update
+    def deliver(self, version: int) -> None:
+        """The weights of ``version`` have arrived; swap them in at the next swap point."""
+        self.pending.append(version)
         self.wake()
+
+    def join(self) -> simpy.Event:
+        """Event that fires when this engine takes part in a broadcast (next step boundary)."""
+        ev = self.env.event()
+        self.joins.append(ev)
+        self.wake()
+        return ev
+
+    def swapped_event(self) -> simpy.Event:
+        """Event that fires at this engine's next weight swap."""
+        if self._swapped is None or self._swapped.triggered:
+            self._swapped = self.env.event()
+        return self._swapped
 
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:
@@ -74,7 +97,10 @@ class SimEngine:
     # -- the process ----------------------------------------------------------------------------
     def _run(self):
         while True:
-            if self.update is not None and self._swap_ready():
+            for ev in self.joins:
+                ev.succeed()
+            self.joins.clear()
+            if self.pending and self._swap_ready():
                 yield from self._swap()
             elif self.mode == "blocking" and self.trainer.active:
                 yield from self._sleep("paused")
@@ -91,7 +117,7 @@ class SimEngine:
         return self.mode != "drain" or not self.running
 
     def _may_start(self) -> bool:
-        return not (self.mode == "drain" and self.update is not None)
+        return not (self.mode == "drain" and self.pending)
 
     def _sleep(self, state: str):
         t0 = self.env.now
@@ -139,7 +165,7 @@ class SimEngine:
                 self.on_group_done(group)
 
     def _swap(self):
-        update = self.update
+        version = self.pending.popleft()
         if self.mode == "abort" and self.running:
             # Running requests return their partial completions and are resubmitted in front
             # of the queue; resuming re-prefills prompt + partial under the new weights.
@@ -151,14 +177,14 @@ class SimEngine:
             self.rec.reprefill.append((self.env.now, sum(r.done_tokens for r in aborted)))
             self.waiting.extendleft(reversed(aborted))
         t0 = self.env.now
-        update.ready[self.idx].succeed()
-        yield update.done
-        self.rec.engine(self.idx, "sync_wait", t0, update.transfer_start_s)
-        self.rec.engine(self.idx, "sync", update.transfer_start_s, self.env.now)
-        self.version = update.version
+        yield self.env.timeout(self.costs.swap_s)
+        self.rec.engine(self.idx, "swap", t0, self.env.now)
+        self.version = version
         self._swaps[0].append(self.counter)
-        self._swaps[1].append(self.version)
-        self.update = None
+        self._swaps[1].append(version)
+        if self._swapped is not None and not self._swapped.triggered:
+            self._swapped.succeed()
+        self.on_swapped()
 
     def _close_segments(self, r: SimRollout, end: int) -> None:
         """Append r's tokens of decode steps [r.start_counter, end) split by version."""

@@ -6,8 +6,8 @@ and never enter it.
 
 * decode step: ``t(n) = a + b n`` by least squares over the per-n medians (weighted by how
   often each n occurs), so a GC pause or a scheduler hiccup does not tilt the line;
-* prefill: ``c0 + c * tokens``; optimizer step: ``o + s * tokens``; weight update:
-  ``S0 + bytes / bandwidth``: ordinary least squares;
+* prefill: ``c0 + c * tokens``; optimizer step: ``o + s * tokens``; trainer side of a weight
+  update: ``S0 + bytes / bandwidth``: ordinary least squares; engine swap pause: the mean;
 * lengths: the run's own completion and prompt lengths, resampled (empirical distribution).
 
 Every line is constrained to non-negative coefficients: a negative intercept is refitted
@@ -67,6 +67,7 @@ class FittedRates:
     sync_overhead_s: float
     sync_s_per_byte: float
     sync_bytes: float
+    swap_s: float
     completion_lengths: list[int]
     prompt_lengths: list[int]
 
@@ -83,6 +84,7 @@ class FittedRates:
             "model_bytes": max(self.sync_bytes, 1.0), "num_param_tensors": 1, "sync_latency_s": 0.0,
             "sync_overhead_s": self.sync_overhead_s,
             "broadcast_bandwidth_gbps": gbps, "shared_memory_bandwidth_gbps": gbps,
+            "swap_bandwidth_gbps": 1e9, "swap_overhead_s": self.swap_s,
         }
 
     def summary(self) -> dict:
@@ -135,6 +137,7 @@ def fit_rates(cal: Calibration, fallback: Calibration | None = None,
     prefill = pick(lambda c: c.engine.prefill) or trace["prefill"]
     train = pick(lambda c: c.trainer.steps)
     sync = pick(lambda c: c.sync.updates)
+    pauses = pick(lambda c: c.sync.engine_pauses)
     completions = pick(lambda c: c.completion_lengths)
     prompts = pick(lambda c: c.prompt_lengths)
     if not decode:
@@ -154,5 +157,6 @@ def fit_rates(cal: Calibration, fallback: Calibration | None = None,
         train_overhead_s=t0, train_s_per_token=t1,
         sync_overhead_s=s0, sync_s_per_byte=s1,
         sync_bytes=float(np.mean([u[0] for u in sync])) if sync else 1.0,
+        swap_s=float(np.mean(pauses)) if pauses else 0.0,
         completion_lengths=list(completions), prompt_lengths=list(prompts),
     )

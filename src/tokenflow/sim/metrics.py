@@ -4,9 +4,10 @@ Rates are steady-state: measured over the window from the end of the warm-up ste
 of the last step (the whole run when there are no more steps than warm-up). ``wall_s`` is the
 whole run from t = 0.
 
-Idle means neither computing nor transferring weights: the trainer is idle while it waits for
-a batch or for the engines to reach a swap point; an engine is idle while it has nothing to
-run, is paused (blocking mode, drain) or waits for the other engines at a swap.
+Idle fractions follow the runtime's definitions, so calibrated predictions compare like with
+like: the trainer is idle while it waits for a batch (sending weights, including any wait for
+a slot or for the engines to join, counts as busy); an engine is idle whenever it neither
+decodes nor prefills (a weight swap, a pause in blocking mode, an empty queue).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SimResult:
     trainer_idle_frac: float
     inference_idle_frac: float
     inference_breakdown: dict[str, float]
-    """Fraction of engine time per state (decode, prefill, sync, sync_wait, paused, idle)."""
+    """Fraction of engine time per state (decode, prefill, swap, paused, idle)."""
     inference_mean_batch: float
     """Mean running sequences per decode step."""
     staleness: dict
@@ -124,9 +125,8 @@ def summarise(cfg: SimConfig, costs: Costs, rec: Recorder) -> SimResult:
         steps_per_hour=n / window * 3600.0,
         step_time_s=window / n,
         step_breakdown_s=breakdown,
-        trainer_idle_frac=(breakdown["wait_data"] + breakdown["sync_wait"]) * n / window,
-        inference_idle_frac=1.0 - inference_breakdown["decode"] - inference_breakdown["prefill"]
-        - inference_breakdown["sync"],
+        trainer_idle_frac=breakdown["wait_data"] * n / window,
+        inference_idle_frac=1.0 - inference_breakdown["decode"] - inference_breakdown["prefill"],
         inference_breakdown=inference_breakdown,
         inference_mean_batch=generated / decode_steps if decode_steps else 0.0,
         staleness=_staleness(ages),
@@ -136,6 +136,7 @@ def summarise(cfg: SimConfig, costs: Costs, rec: Recorder) -> SimResult:
         setup={"inference_gpus": hw.inference_pool, "training_gpus": hw.training_pool,
                "engines": hw.engines, "max_staleness": p.max_staleness,
                "update_mode": p.update_mode, "sync_every": p.sync_every,
-               "rollouts_per_step": cfg.workload.rollouts_per_step, "sync_s": costs.sync_s},
+               "rollouts_per_step": cfg.workload.rollouts_per_step, "transport": p.transport,
+               "sync_send_s": costs.sync_s, "swap_s": costs.swap_s},
         step_records=list(steps),
     )

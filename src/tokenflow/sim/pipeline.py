@@ -3,8 +3,8 @@
 ```
  SimBuffer.admit ──groups──► SimEngine × E ──complete groups──► SimBuffer ──B groups──► SimTrainer
       ▲  (staleness budget)       ▲                                                     │
-      │                           └──────────── WeightUpdate (rendezvous, S seconds) ◄──┤
-      └─────────────────────── release slots after the step (and its sync) ◄────────────┘
+      │                           └───── weights (send S_t, then each engine swaps S_e) ◄┘
+      └──── budget grows when every engine has swapped in the new version
 ```
 A prompt group goes whole to the engine with the fewest running + waiting rollouts, so its G
 samples share one prefill.
@@ -45,9 +45,13 @@ def simulate(cfg: SimConfig) -> SimResult:
     def dispatch(group: SimGroup) -> None:
         min(engines, key=lambda e: e.load).submit(group)
 
+    def swapped() -> None:
+        buffer.set_engine_version(min(e.version for e in engines))
+
     buffer = SimBuffer(
         env,
-        capacity_rollouts=(p.max_staleness + 1) * w.rollouts_per_step,
+        rollouts_per_step=w.rollouts_per_step,
+        max_staleness=p.max_staleness,
         group_size=w.group_size,
         max_groups=(cfg.sim.steps + _EXTRA_STEPS_ADMITTED) * w.prompts_per_step,
         sampler=LengthSampler(w, cfg.sim.seed),
@@ -56,10 +60,12 @@ def simulate(cfg: SimConfig) -> SimResult:
     for i in range(hw.engines):
         engines.append(SimEngine(env, i, costs=costs, update_mode=p.update_mode,
                                  max_running=hw.max_running_seqs, prefix_sharing=hw.prefix_sharing,
-                                 trainer=state, recorder=recorder, on_group_done=buffer.group_done))
+                                 trainer=state, recorder=recorder, on_group_done=buffer.group_done,
+                                 on_swapped=swapped))
     trainer = SimTrainer(env, costs=costs, buffer=buffer, engines=engines, state=state,
                          recorder=recorder, steps=cfg.sim.steps, prompts_per_step=w.prompts_per_step,
                          sync_every=p.sync_every, max_token_age=p.max_token_age,
+                         transport=p.transport,
                          notify_engines=p.update_mode == "blocking" or costs.engine_slowdown > 0)
     buffer.admit()
     env.run(until=trainer.process)

@@ -9,7 +9,8 @@ that ``512 / t(512)`` is the quoted rate.
 
 Training cost assumes ~8 N FLOPs per token (log-prob recompute 2 N, forward + backward 6 N)
 at 40 % of an H100's ~990 dense bf16 TFLOP/s: 1.5e-4 s per token per GPU for 7.6B parameters,
-6.6e-4 s for 32.8B. Weight sync: bf16 weights over a 40 GB/s broadcast.
+6.6e-4 s for 32.8B. Weight sync: bf16 weights in 32 MiB buckets over a 40 GB/s broadcast;
+an engine swaps them in at ~1 TB/s (a device-to-device copy).
 """
 
 from __future__ import annotations
@@ -43,13 +44,19 @@ _H100_32B = {
     "broadcast_bandwidth_gbps": 40.0,
 }
 
+_BROADCAST = {"transport": "broadcast", "bucket_mb": 32.0}
+
 PRESETS: dict[str, dict] = {
-    "h100-7b-vllm": {"hardware": {"gpus": 8, "inference_gpus": 4, **_H100_7B}},
-    "h100-32b-vllm": {"hardware": {"gpus": 16, "inference_gpus": 8, **_H100_32B}},
+    "h100-7b-vllm": {"hardware": {"gpus": 8, "inference_gpus": 4, **_H100_7B},
+                     "pipeline": _BROADCAST},
+    "h100-32b-vllm": {"hardware": {"gpus": 16, "inference_gpus": 8, **_H100_32B},
+                      "pipeline": _BROADCAST},
     "h100x64-7b-vllm": {"hardware": {"gpus": 64, "inference_gpus": 48, **_H100_7B},
-                        "workload": {"prompts_per_step": 512, "group_size": 16}},
+                        "workload": {"prompts_per_step": 512, "group_size": 16},
+                        "pipeline": _BROADCAST},
     "h100x64-32b-vllm": {"hardware": {"gpus": 64, "inference_gpus": 48, **_H100_32B},
-                         "workload": {"prompts_per_step": 256, "group_size": 16}},
+                         "workload": {"prompts_per_step": 256, "group_size": 16},
+                         "pipeline": _BROADCAST},
 }
 """Preset name -> raw config layer (``{section: {key: value}}``)."""
 

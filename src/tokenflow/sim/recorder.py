@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-ENGINE_STATES = ("decode", "prefill", "sync", "sync_wait", "paused", "idle")
+ENGINE_STATES = ("decode", "prefill", "swap", "paused", "idle")
 
 
 @dataclass
@@ -22,7 +22,8 @@ class StepRecord:
     """When the batch was complete and taken."""
     train_end_s: float
     sync_start_s: float
-    """When the weight transfer began (after waiting for every engine); = end on a no-sync step."""
+    """When the weight transfer began (after waiting for a free shared-memory slot or for every
+    engine to join a broadcast); = end on a step without a sync."""
     end_s: float
     completion_tokens: int
     prompt_tokens: int

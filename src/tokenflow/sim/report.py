@@ -48,7 +48,7 @@ def result_tables(r: SimResult) -> list[Table]:
         top.add_row(name, value)
 
     steps = Table(title="mean step time breakdown")
-    for col in ("wait for data", "train", "wait for engines", "weight sync", "total"):
+    for col in ("wait for data", "train", "wait to send", "send weights", "total"):
         steps.add_column(col, justify="right")
     b = r.step_breakdown_s
     steps.add_row(*(_dur(b[k]) for k in ("wait_data", "train", "sync_wait", "sync")), _dur(r.step_time_s))

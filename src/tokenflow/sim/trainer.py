@@ -1,18 +1,17 @@
-"""The simulated trainer: take a batch, run the optimizer step, sync weights, free the slots.
+"""The simulated trainer: take a batch, run the optimizer step, send the new weights.
 
-A weight update is a rendezvous: the transfer starts once the trainer has published the new
-version and every engine has reached its swap point (the next decode step boundary for
-inflight / abort / blocking, an empty batch for drain), and both sides are busy for the
-transfer time S. The trainer does not start its next step meanwhile, because it is the owner
-of the weights being sent.
+Sending blocks the trainer for ``S_t`` (it owns the weights being sent), as in
+``tokenflow.sync``: over shared memory it first waits for a free slot of the two (every engine
+must have swapped in the version written two updates ago), over a broadcast for every engine
+to join the collective (their next decode step boundary). When the transfer ends each engine
+holds the weights and swaps them in at its own swap point; the buffer's budget grows once all
+have.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
-
 import simpy
 
 from tokenflow.sim.buffer import SimBuffer
@@ -31,16 +30,6 @@ class TrainerState:
     """Training or syncing weights (blocking mode pauses engines meanwhile)."""
 
 
-class WeightUpdate:
-    """One weight update, shared by the trainer and every engine."""
-
-    def __init__(self, env: simpy.Environment, version: int, engines: int) -> None:
-        self.version = version
-        self.ready = [env.event() for _ in range(engines)]
-        self.done = env.event()
-        self.transfer_start_s = env.now
-
-
 def consume(groups: list[SimGroup], version: int, max_token_age: int | None) -> tuple[Counter, int]:
     """Token ages at trainer version ``version`` and how many tokens version rejection drops."""
     ages: Counter = Counter()
@@ -57,8 +46,8 @@ def consume(groups: list[SimGroup], version: int, max_token_age: int | None) -> 
 class SimTrainer:
     def __init__(self, env: simpy.Environment, *, costs: Costs, buffer: SimBuffer, engines: list,
                  state: TrainerState, recorder: Recorder, steps: int, prompts_per_step: int,
-                 sync_every: int, max_token_age: int | None, notify_engines: bool,
-                 on_step: Callable[[StepRecord], None] | None = None) -> None:
+                 sync_every: int, max_token_age: int | None, transport: str,
+                 notify_engines: bool) -> None:
         self.env = env
         self.costs = costs
         self.buffer = buffer
@@ -69,6 +58,7 @@ class SimTrainer:
         self.prompts_per_step = prompts_per_step
         self.sync_every = sync_every
         self.max_token_age = max_token_age
+        self.transport = transport
         # Engines only need waking on trainer state changes when those change their plan.
         self.notify_engines = notify_engines
         self.version = 0
@@ -102,14 +92,18 @@ class SimTrainer:
                                      sync_start_s=sync_start, end_s=env.now,
                                      completion_tokens=completion, prompt_tokens=prompt,
                                      rejected_tokens=rejected, ages=ages))
-            self.buffer.release(sum(len(g.rollouts) for g in groups))
 
     def _sync(self):
-        update = WeightUpdate(self.env, self.version, len(self.engines))
+        """Send the current version; returns when the transfer started (after any wait)."""
+        env = self.env
+        if self.transport == "broadcast":
+            yield env.all_of([e.join() for e in self.engines])
+        else:
+            # Double buffering: the slot of version v last held v - 2.
+            while min(e.version for e in self.engines) < self.version - 2:
+                yield env.any_of([e.swapped_event() for e in self.engines])
+        start = env.now
+        yield env.timeout(self.costs.sync_s)
         for e in self.engines:
-            e.request_update(update)
-        yield self.env.all_of(update.ready)
-        update.transfer_start_s = self.env.now
-        yield self.env.timeout(self.costs.sync_s)
-        update.done.succeed()
-        return update.transfer_start_s
+            e.deliver(self.version)
+        return start
