@@ -67,3 +67,15 @@ def hf_greedy_generate(model, tokenizer, max_new_tokens: int = 96, batch: int = 
 def greedy_accuracy(model, tokenizer, task: Task, limit: int | None = None) -> float:
     """Held-out greedy accuracy of an in-memory transformers model."""
     return accuracy_of(hf_greedy_generate(model, tokenizer), tokenizer, task, limit)
+
+
+def engine_greedy_generate(engine, max_tokens: int = 96, stop: tuple[str, ...] = ()):
+    """A ``generate`` callable for :func:`accuracy_of` backed by a tokenflow ``Engine``."""
+    from tokenflow.engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop)
+
+    def generate(prompt_ids: list[list[int]]) -> list[str]:
+        return [group[0].text or "" for group in engine.generate(prompt_ids, params)]
+
+    return generate

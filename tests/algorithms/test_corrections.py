@@ -1,7 +1,6 @@
 """TIS, IS masking, OPSM and version rejection on a constructed batch, and their combination in
 the micro-batch objective."""
 
-import math
 
 import numpy as np
 import pytest

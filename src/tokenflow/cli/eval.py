@@ -1,0 +1,71 @@
+"""`tokenflow eval CHECKPOINT`: held-out greedy accuracy of a model, a checkpoint or a run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="held-out greedy accuracy of a model, checkpoint or run folder",
+        description="Evaluate greedy accuracy on the task's held-out split. CHECKPOINT is a model "
+                    "folder, a checkpoint folder (checkpoints/step_N) or a run folder (its latest "
+                    "checkpoint and its task). Overrides such as --task.name apply to the task.")
+    p.add_argument("checkpoint", help='model / checkpoint / run folder, or "default"')
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run, _allow_overrides=True)
+
+
+def locate(path: str) -> tuple[str, Path | None]:
+    """(model folder, run folder or None) for a model, checkpoint or run folder."""
+    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.runtime.run_dir import RunDir
+
+    if path == "default":
+        return resolve_model_path("default"), None
+    p = Path(path)
+    if (p / "config.toml").is_file() and (p / "checkpoints").is_dir():
+        ckpt = RunDir(p).latest_checkpoint()
+        if ckpt is None:
+            raise SystemExit(f"error: run folder {p} has no complete checkpoint yet")
+        return str(ckpt / "model"), p
+    if (p / "model" / "config.json").is_file():
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        return str(p / "model"), run
+    if (p / "config.json").is_file():
+        return str(p), None
+    raise SystemExit(f"error: {p} is not a model folder, a checkpoint or a run folder")
+
+
+def run(args, overrides: list[str] | None = None) -> int:
+    from tokenflow.config.loading import ConfigError, load_config
+    from tokenflow.config.root import TrainConfig
+    from tokenflow.runtime.launch import default_config_path
+
+    model, run_dir = locate(args.checkpoint)
+    config = run_dir / "config.toml" if run_dir is not None else default_config_path()
+    try:
+        cfg = load_config(TrainConfig, config, overrides or [])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from tokenflow.engine import Engine
+    from tokenflow.evaluation import accuracy_of, engine_greedy_generate
+    from tokenflow.tasks import build_task
+
+    engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
+    engine = Engine(model, engine_cfg)
+    task = build_task(cfg.task)
+    limit = args.limit or cfg.run.eval_limit
+    n = len(task.eval_prompts()[:limit])
+    acc = accuracy_of(engine_greedy_generate(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
+                      engine.tokenizer, task, limit)
+    if args.json:
+        print(json.dumps({"model": model, "task": task.name, "prompts": n, "accuracy": acc}))
+    else:
+        print(f"{task.name}: held-out greedy accuracy {acc:.4f} on {n} prompts ({model})")
+    return 0

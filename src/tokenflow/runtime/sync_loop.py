@@ -1,0 +1,51 @@
+"""A plain synchronous RL loop in one process: the reference the async runtime is checked against.
+
+    for each step: take the next prompts → generate → score → train → load the new weights
+
+It shares the engine, the trainer, the task and the per-prompt seeds with the runtime, and none
+of its machinery (no processes, no buffer, no weight transport), so with ``max_staleness = 0``
+the runtime must reproduce its per-step rewards and losses exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tokenflow.evaluation import encode_prompt
+from tokenflow.runtime.orchestrator import request_seed
+from tokenflow.runtime.step_metrics import batch_metrics
+from tokenflow.scoring.pool import normalise_reward
+
+
+def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
+    """Train ``cfg.run.steps`` steps synchronously; returns each step's metrics."""
+    from transformers import AutoTokenizer
+
+    from tokenflow.engine import Engine, SamplingParams
+    from tokenflow.tasks import build_task
+    from tokenflow.trainer import Trainer
+
+    task = build_task(cfg.task)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = Engine(model_path, cfg.engine)
+    trainer = Trainer(model_path, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
+    s, r = cfg.sampling, cfg.rollout
+    base = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          max_tokens=s.max_tokens, stop=tuple(s.stop), n=r.group_size)
+    history = []
+    cursor = 0
+    for step in range(1, cfg.run.steps + 1):
+        prompts = [task.train_prompt(cursor + i) for i in range(r.prompts_per_step)]
+        cursor += r.prompts_per_step
+        params = [dataclasses.replace(base, seed=request_seed(cfg.run.seed, p.id)) for p in prompts]
+        groups = engine.generate([encode_prompt(tokenizer, p.text) for p in prompts], params)
+        for gid, (p, group) in enumerate(zip(prompts, groups)):
+            for roll in group:
+                roll.group_id, roll.prompt_id = gid, p.id
+                rewards = normalise_reward(task.reward_fn(p.text, roll.text or "", p.example))
+                roll.rewards, roll.reward = rewards, rewards["reward"]
+        metrics = trainer.train_step([roll for g in groups for roll in g])
+        metrics.update(batch_metrics(groups))
+        engine.update_weights(trainer.named_weights(), trainer.version)
+        history.append(metrics)
+    return history

@@ -1,0 +1,56 @@
+"""The typed config: TOML + overrides, errors that name the key, cross-field checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenflow.config.loading import ConfigError, load_config, parse_overrides, to_toml
+from tokenflow.config.root import TrainConfig
+
+
+def test_overrides_parse_as_toml_values():
+    assert parse_overrides(["--a.b", "0.28", "--c.d=true", "--e.f", "text", "--g.h", "[1, 2]"]) == {
+        "a.b": 0.28, "c.d": True, "e.f": "text", "g.h": [1, 2]}
+
+
+def test_file_and_overrides_resolve(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[algorithm]\nadvantage = "rloo"\n[rollout]\ngroup_size = 4\n')
+    cfg = load_config(TrainConfig, f, ["--algorithm.clip_high", "0.28"])
+    assert cfg.algorithm.advantage == "rloo"
+    assert cfg.algorithm.clip_high == 0.28
+    assert cfg.trainer.rollouts_per_step == cfg.rollout.prompts_per_step * 4
+    again = tmp_path / "resolved.toml"
+    again.write_text(to_toml(cfg))
+    assert load_config(TrainConfig, again) == cfg
+
+
+def test_unknown_key_names_it_and_lists_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, ["--algorithm.advantag", "rloo"])
+    msg = str(e.value)
+    assert "'algorithm.advantag'" in msg and "did you mean 'algorithm.advantage'" in msg
+    assert "clip_high" in msg  # the valid keys are listed
+
+
+def test_ill_typed_and_bad_choice_are_refused():
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        load_config(TrainConfig, None, ["--rollout.group_size", "many"])
+    with pytest.raises(ConfigError, match="'grpo', 'dr_grpo'"):
+        load_config(TrainConfig, None, ["--algorithm.advantage", "ppo2"])
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["--algorithm.clip_low", "0.3", "--algorithm.clip_high", "0.2"], "clip_high"),
+    (["--algorithm.advantage", "gae"], "value head"),
+    (["--sync.every", "3", "--rollout.max_staleness", "0"], "max_staleness"),
+    (["--task.name", "dataset"], "train_path"),
+])
+def test_invalid_combinations_are_refused_at_start(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(TrainConfig, None, overrides)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(TrainConfig, tmp_path / "nope.toml")

@@ -1,0 +1,77 @@
+"""Logit and log-prob parity with transformers, for each family, inside a continuous batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_testlib import FAMILIES, LogitsRecorder, hf_logits, hf_model, make_engine
+from tokenflow.engine import SamplingParams
+
+
+def kept_set(row: torch.Tensor, temp: float, top_k: int, top_p: float) -> list[int]:
+    """The support the engine must record: top-k, then top-p on the renormalised top-k."""
+    p = torch.softmax(row.double() / temp, -1)
+    order = torch.argsort(p, descending=True)
+    kept = order[:top_k] if top_k else order
+    q = p[kept] / p[kept].sum()
+    return sorted(kept[(torch.cumsum(q, 0) - q) < top_p].tolist())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_logprobs_match_transformers(family):
+    hf = hf_model(family, seed=1)
+    # 5 slots for 9 samples: requests wait, join when others leave, and slots get moved.
+    engine = make_engine(hf, max_num_seqs=5)
+    rec = LogitsRecorder()
+    engine.logits_hook = rec
+
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 11, 8, 17)]
+    params = [
+        SamplingParams(temperature=0.7, n=3, max_tokens=9, ignore_eos=True, seed=1),
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=12, top_p=0.9, n=2, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=1.3, top_p=0.7, n=3, max_tokens=4, ignore_eos=True),
+    ]
+    # Prefill logits over a whole prompt, without the cache.
+    ref = hf_logits(hf, prompts[3][:1], prompts[3][1:])
+    assert (engine.runner.score(prompts[3])[:-1] - ref).abs().max().item() <= 1e-4
+
+    results = engine.generate(prompts, params)
+    assert [len(r) for r in results] == [3, 1, 2, 3]
+    assert max(n for kind, n in rec.kinds if kind == "decode") == 5
+    assert ("prefill", 3) in rec.kinds[2:]  # a later request joined a running batch
+
+    for prompt, sp, group in zip(prompts, params, results):
+        temp = sp.temperature or 1.0
+        for r in group:
+            assert r.num_tokens == sp.max_tokens and r.finish_reason == "length"
+            ref = hf_logits(hf, prompt, r.completion_ids)
+            assert (rec.of(r) - ref).abs().max().item() <= 1e-4
+            full = torch.log_softmax(ref / temp, -1)
+            tokens = torch.as_tensor(r.completion_ids, dtype=torch.long)
+            full_lp = full.gather(1, tokens[:, None])[:, 0].numpy()
+            if sp.truncates:
+                assert r.support is not None and len(r.support) == r.num_tokens
+                for t in range(r.num_tokens):
+                    kept = kept_set(ref[t], temp, sp.top_k, sp.top_p)
+                    assert r.support[t].tolist() == kept
+                    logmass = torch.logsumexp(full[t, kept], 0).item()
+                    assert abs(r.support_logmass[t] - logmass) <= 1e-5
+                    assert abs(r.logprobs[t] - (full_lp[t] - logmass)) <= 1e-5
+            else:
+                assert r.support is None and (r.support_logmass == 0).all()
+                assert abs(r.logprobs - full_lp).max() <= 1e-5
+            if sp.greedy:
+                assert r.completion_ids.tolist() == ref.argmax(-1).tolist()
+
+
+def test_bfloat16_runs_close_to_float32():
+    hf = hf_model("qwen3", seed=2)
+    prompt = list(range(10, 30))
+    f32 = make_engine(hf, dtype="float32").runner.score(prompt)
+    bf16 = make_engine(hf, dtype="bfloat16").runner.score(prompt)
+    assert bf16.dtype == torch.float32  # logits are handed to the sampler in float32
+    assert (bf16 - f32).abs().max().item() < 0.3 * f32.abs().max().item()
+    assert (bf16.argmax(-1) == f32.argmax(-1)).float().mean() > 0.8

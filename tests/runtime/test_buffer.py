@@ -1,0 +1,87 @@
+"""RolloutBuffer: admission bound, consumption order, ages, checkpoint state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenflow.buffer import RolloutBuffer
+from tokenflow.rollout import Rollout
+
+
+def group(gid: int, versions: list[int], n: int = 2) -> list[Rollout]:
+    return [Rollout(prompt_ids=[1], completion_ids=[5] * len(versions), logprobs=[0.0] * len(versions),
+                    versions=versions, group_id=gid, prompt_id=gid, sample_index=i, reward=1.0)
+            for i in range(n)]
+
+
+def admit_all(buf: RolloutBuffer, start: int = 0) -> list[int]:
+    gids = []
+    gid = start
+    while buf.can_admit():
+        buf.admit(gid, gid)
+        gids.append(gid)
+        gid += 1
+    return gids
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_admission_holds_at_most_k_plus_one_steps(k):
+    buf = RolloutBuffer(prompts_per_step=3, group_size=2, max_staleness=k)
+    gids = admit_all(buf)
+    assert len(gids) * 2 == (k + 1) * 3 * 2
+    with pytest.raises(RuntimeError):
+        buf.admit(99, 99)
+    # Consuming a step frees nothing until the new weights reach the engine.
+    for gid in gids[:3]:
+        buf.put(group(gid, [0, 0]))
+    assert buf.take_batch(trainer_version=0) is not None
+    assert not buf.can_admit()
+    buf.set_engine_version(1)
+    assert len(admit_all(buf, start=100)) == 3
+
+
+def test_synchronous_budget_waits_for_every_group_of_the_step():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=0)
+    assert admit_all(buf) == [0, 1]
+    buf.put(group(1, [0]))
+    assert buf.take_batch(0) is None  # group 0 still generating
+    buf.put(group(0, [0]))
+    batch = buf.take_batch(0)
+    assert [g[0].group_id for g in batch] == [0, 1]  # oldest admission first
+
+
+def test_batch_takes_oldest_ready_groups_and_records_token_ages():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=2, max_token_age=1)
+    admit_all(buf)
+    buf.put(group(3, [0, 0, 1]))
+    buf.put(group(1, [0, 1]))
+    buf.put(group(2, [1, 1]))
+    batch = buf.take_batch(trainer_version=2)
+    assert [g[0].group_id for g in batch] == [1, 2]
+    assert buf.num_ready == 1
+    # ages at version 2: group 1 tokens 2,1 (x2 samples); group 2 tokens 1,1 (x2)
+    assert dict(buf.stats.age_histogram) == {2: 2, 1: 6}
+    assert buf.stats.tokens_rejected == 2  # the age-2 tokens exceed max_token_age = 1
+    m = buf.metrics()
+    assert m["buffer/token_age_max"] == 2.0
+    assert m["buffer/token_age_mean"] == pytest.approx((2 * 2 + 1 * 6) / 8)
+
+
+def test_put_refuses_unknown_groups():
+    buf = RolloutBuffer(prompts_per_step=1, group_size=2, max_staleness=0)
+    with pytest.raises(KeyError):
+        buf.put(group(5, [0]))
+
+
+def test_state_round_trip_keeps_in_flight_and_ready():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=1)
+    admit_all(buf)
+    buf.put(group(2, [0]))
+    state = buf.state_dict()
+    other = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=1)
+    other.load_state_dict(state)
+    assert list(other.in_flight.items()) == list(buf.in_flight.items())
+    assert set(other.ready) == {2}
+    assert np.array_equal(other.ready[2][0].versions, buf.ready[2][0].versions)
+    assert other.capacity() == buf.capacity()
