@@ -100,29 +100,25 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
 
 def _record(stats: Accumulator, t: TokenInputs, old, corr, clipped, kl, terms: LossTerms) -> None:
     m = t.mask
-    n = int(m.sum())
-    if n == 0:
+    if not bool(m.any()):
         return
     lr = log_ratio(t.logprobs.detach(), old)[m]
     w = torch.exp(corr.log_w[m])
-    stats.add("loss/total", terms.total.item())
-    stats.add("loss/policy", terms.policy.item())
-    stats.add("loss/kl", terms.kl.item())
-    stats.add("loss/entropy_bonus", terms.entropy_bonus.item())
-    stats.add("loss/value", terms.value.item())
-    stats.add("n/tokens", n)
+    for name in ("total", "policy", "kl", "entropy_bonus", "value"):
+        stats.add(f"loss/{name}", getattr(terms, name))
+    stats.add("n/tokens", m.sum())
     # k3 estimate of KL(old ‖ π_θ): (ρ − 1) − log ρ, ≥ 0, second order in the log-ratio.
-    stats.add("sum/approx_kl", (torch.expm1(lr) - lr).sum().item())
-    stats.add("sum/clipped", clipped[m].sum().item())
-    stats.add("sum/w", w.sum().item())
-    stats.lo("min/w", w.min().item())
-    stats.hi("max/w", w.max().item())
-    stats.add("sum/tis_clipped", corr.tis_clipped[m].sum().item())
-    stats.add("sum/is_masked", corr.is_masked[m].sum().item())
-    stats.add("sum/opsm_dropped", corr.opsm_dropped[m].sum().item())
+    stats.add("sum/approx_kl", (torch.expm1(lr) - lr).sum())
+    stats.add("sum/clipped", clipped[m].sum())
+    stats.add("sum/w", w.sum())
+    stats.lo("min/w", w.min())
+    stats.hi("max/w", w.max())
+    stats.add("sum/tis_clipped", corr.tis_clipped[m].sum())
+    stats.add("sum/is_masked", corr.is_masked[m].sum())
+    stats.add("sum/opsm_dropped", corr.opsm_dropped[m].sum())
     if t.entropy is not None:
-        stats.add("sum/entropy", t.entropy.detach()[m].sum().item())
+        stats.add("sum/entropy", t.entropy.detach()[m].sum())
     if kl is not None:
-        stats.add("sum/ref_kl", kl.detach()[m].sum().item())
+        stats.add("sum/ref_kl", kl.detach()[m].sum())
     if t.values is not None and t.returns is not None:
-        stats.add("sum/value_err", (t.values.detach() - t.returns)[m].abs().sum().item())
+        stats.add("sum/value_err", (t.values.detach() - t.returns)[m].abs().sum())

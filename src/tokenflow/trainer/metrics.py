@@ -50,8 +50,8 @@ def step_metrics(acc: Accumulator, *, grad_norm: float, lr: float, skipped: bool
         "optim/lr": lr,
         "optim/skipped": float(skipped),
         "offpolicy/is_ratio_mean": r("sum/w", "n/tokens", 1.0),
-        "offpolicy/is_ratio_min": acc.mins.get("min/w", 1.0),
-        "offpolicy/is_ratio_max": acc.maxs.get("max/w", 1.0),
+        "offpolicy/is_ratio_min": acc.min("min/w", 1.0),
+        "offpolicy/is_ratio_max": acc.max("max/w", 1.0),
         "offpolicy/tis_clipped_frac": r("sum/tis_clipped", "n/tokens"),
         "offpolicy/is_masked_frac": r("sum/is_masked", "n/tokens"),
         "offpolicy/opsm_dropped_frac": r("sum/opsm_dropped", "n/tokens"),
@@ -59,8 +59,8 @@ def step_metrics(acc: Accumulator, *, grad_norm: float, lr: float, skipped: bool
         "offpolicy/mismatch_ratio": r("sum/mismatch_ratio", "n/onpolicy", 1.0),
         "offpolicy/mismatch_tokens": acc.get("n/onpolicy"),
     }
-    if "sum/ref_kl" in acc.sums:
+    if "sum/ref_kl" in acc:
         m["policy/ref_kl"] = r("sum/ref_kl", "n/tokens")
-    if "sum/value_err" in acc.sums:
+    if "sum/value_err" in acc:
         m["value/abs_error"] = r("sum/value_err", "n/tokens")
     return m

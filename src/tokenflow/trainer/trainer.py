@@ -23,8 +23,14 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from tokenflow.algorithms import AlgorithmConfig, GlobalCounts, TokenInputs, compute_advantages
-from tokenflow.algorithms import micro_batch_loss, token_weights
+from tokenflow.algorithms import (
+    AlgorithmConfig,
+    GlobalCounts,
+    TokenInputs,
+    compute_advantages,
+    micro_batch_loss,
+    token_weights,
+)
 from tokenflow.algorithms.advantages import AdvantageResult
 from tokenflow.algorithms.stats import Accumulator
 from tokenflow.metrics.trace import span
@@ -33,8 +39,7 @@ from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 from tokenflow.trainer.logprobs import SupportMask, token_logprobs
 from tokenflow.trainer.metrics import age_stats, step_metrics
-from tokenflow.trainer.model import (CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm,
-                                     use_fp32_lm_head)
+from tokenflow.trainer.model import CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm, use_fp32_lm_head
 from tokenflow.trainer.schedule import build_scheduler
 from tokenflow.trainer.value_head import ValueHead
 
@@ -213,9 +218,9 @@ class Trainer:
         if not bool(same.any()):
             return
         d = (logp - mb.behaviour)[same]
-        acc.add("n/onpolicy", int(same.sum()))
-        acc.add("sum/mismatch_abs", d.abs().sum().item())
-        acc.add("sum/mismatch_ratio", torch.exp(d).sum().item())
+        acc.add("n/onpolicy", same.sum())
+        acc.add("sum/mismatch_abs", d.abs().sum())
+        acc.add("sum/mismatch_ratio", torch.exp(d).sum())
 
     def _optimizer_step(self) -> tuple[float, float, bool]:
         with span("trainer/optimizer"):
