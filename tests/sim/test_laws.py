@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tokenflow.sim import simulate
@@ -62,7 +64,7 @@ def test_deeper_buffer_never_lowers_throughput(small, mode):
                                   sim__steps=30, sim__warmup_steps=3)).tokens_per_s for s in range(3)) / 3
 
     rates = [rate(k) for k in range(5)]
-    for lo, hi in zip(rates, rates[1:]):
+    for lo, hi in itertools.pairwise(rates):
         assert hi >= 0.98 * lo, rates
     assert rates[-1] > 1.5 * rates[0], rates
 

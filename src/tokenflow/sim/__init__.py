@@ -13,7 +13,13 @@ Modules: ``config`` (sections), ``loading`` (TOML, presets, overrides), ``preset
 
 from tokenflow.sim.calibrate import CalibrationReport, calibrate
 from tokenflow.sim.calibration import Calibration
-from tokenflow.sim.config import HardwareConfig, PipelineConfig, SimConfig, SimSection, WorkloadConfig
+from tokenflow.sim.config import (
+    HardwareConfig,
+    PipelineConfig,
+    SimConfig,
+    SimSection,
+    WorkloadConfig,
+)
 from tokenflow.sim.loading import ConfigError, load_config
 from tokenflow.sim.metrics import SimResult
 from tokenflow.sim.pipeline import simulate
@@ -21,7 +27,19 @@ from tokenflow.sim.presets import PRESETS
 from tokenflow.sim.sweep import SweepResult, run_sweep
 
 __all__ = [
-    "Calibration", "CalibrationReport", "ConfigError", "HardwareConfig", "PipelineConfig",
-    "PRESETS", "SimConfig", "SimResult", "SimSection", "SweepResult", "WorkloadConfig",
-    "calibrate", "load_config", "run_sweep", "simulate",
+    "PRESETS",
+    "Calibration",
+    "CalibrationReport",
+    "ConfigError",
+    "HardwareConfig",
+    "PipelineConfig",
+    "SimConfig",
+    "SimResult",
+    "SimSection",
+    "SweepResult",
+    "WorkloadConfig",
+    "calibrate",
+    "load_config",
+    "run_sweep",
+    "simulate",
 ]

@@ -15,7 +15,7 @@ The trainer takes ``prompts_per_step`` complete groups, oldest admission first.
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from collections.abc import Callable
 
 import simpy
 

@@ -6,8 +6,11 @@ fitted on its own component timings: those of the async run already contain what
 engine and trainer cost each other when they share a machine (two processes on two cores), so
 contention is fitted, not guessed. A component a run lacks comes from the other run.
 
-Each prediction averages ``seeds`` simulations, because an empirical length distribution
-resampled over a few steps gives noticeably different stragglers from seed to seed.
+A run is replayed with its own completion and prompt lengths in the order they were recorded
+(``empirical_order = "replay"``): over a few steps the stragglers decide the wall time, and
+resampling would hand each step different ones. A run predicted with the other run's lengths
+(the synchronous counterpart of a lone async run) resamples them, averaging ``seeds``
+simulations.
 """
 
 from __future__ import annotations
@@ -88,11 +91,13 @@ def find_runs(path: str | Path) -> dict[str, tuple[Path, Calibration]]:
     return runs
 
 
-def replay_config(rates: FittedRates, cal: Calibration, *, max_staleness: int, seed: int) -> SimConfig:
+def replay_config(rates: FittedRates, cal: Calibration, *, max_staleness: int, seed: int,
+                  replay: bool = True) -> SimConfig:
     """The simulator config of a measured run: its shape and update settings, fitted rates."""
     r = cal.run
     workload = {"prompts_per_step": r.prompts_per_step, "group_size": r.group_size,
                 "completion_lengths": rates.completion_lengths,
+                "empirical_order": "replay" if replay else "resample",
                 "max_tokens": max(rates.completion_lengths)}
     if rates.prompt_lengths:
         workload["prompt_lengths"] = rates.prompt_lengths
@@ -109,8 +114,12 @@ def replay_config(rates: FittedRates, cal: Calibration, *, max_staleness: int, s
     return load_layers([(f"calibration ({r.mode})", layer)])
 
 
-def _predict(rates: FittedRates, cal: Calibration, max_staleness: int, seeds: int) -> list[SimResult]:
-    return [simulate(replay_config(rates, cal, max_staleness=max_staleness, seed=s)) for s in range(seeds)]
+def _predict(rates: FittedRates, cal: Calibration, max_staleness: int, seeds: int,
+             replay: bool) -> list[SimResult]:
+    if replay:  # deterministic: one simulation is the prediction
+        return [simulate(replay_config(rates, cal, max_staleness=max_staleness, seed=0))]
+    return [simulate(replay_config(rates, cal, max_staleness=max_staleness, seed=s, replay=False))
+            for s in range(seeds)]
 
 
 def calibrate(path: str | Path, seeds: int = 5) -> CalibrationReport:
@@ -127,7 +136,7 @@ def calibrate(path: str | Path, seeds: int = 5) -> CalibrationReport:
         report.rates.setdefault("sync", report.rates["async"])
     for mode, (run_dir, cal) in targets.items():
         k = 0 if mode == "sync" else cal.run.max_staleness
-        results = _predict(report.rates[mode], cal, k, seeds)
+        results = _predict(report.rates[mode], cal, k, seeds, replay=run_dir is not None)
         m = cal.measured if run_dir is not None else None
         report.runs[mode] = RunPrediction(
             label=mode,

@@ -108,7 +108,7 @@ class Calibration:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
+    def from_dict(cls, d: dict) -> Calibration:
         """Read a dict; keys this version does not know are ignored (a newer runtime may add some)."""
         return cls(
             run=_known(RunInfo, d["run"]),
@@ -129,7 +129,7 @@ class Calibration:
         return path
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "Calibration":
+    def from_json(cls, path: str | Path) -> Calibration:
         """Read from ``path`` (a file, or a run folder holding ``calibration.json``)."""
         path = Path(path)
         if path.is_dir():

@@ -82,7 +82,7 @@ class HardwareConfig(ConfigModel):
     """Fractional slowdown of an optimizer step that starts while an engine decodes."""
 
     @model_validator(mode="after")
-    def _split(self) -> "HardwareConfig":
+    def _split(self) -> HardwareConfig:
         g, i, t = self.gpus, self.inference_gpus, self.training_gpus
         if i is not None and t is not None:
             if g is not None and g != i + t:
@@ -135,6 +135,10 @@ class WorkloadConfig(ConfigModel):
     """90th-percentile completion length in tokens; equal to the median gives fixed lengths."""
     completion_lengths: list[int] | None = None
     """Empirical completion lengths (tokens), e.g. from a real run; replaces the lognormal."""
+    empirical_order: Literal["resample", "replay"] = "resample"
+    """How empirical lengths are used: "resample" draws them at random (with replacement);
+    "replay" takes them in order, cycling, one group after another, which reproduces the
+    stragglers of the run they were recorded from."""
     max_tokens: int = Field(default=32768, ge=1)
     """Completion cap in tokens (sampling.max_tokens): longer draws stop here."""
     prompt_length: int = Field(default=256, ge=1)
@@ -143,7 +147,7 @@ class WorkloadConfig(ConfigModel):
     """Empirical prompt lengths (tokens); replaces prompt_length."""
 
     @model_validator(mode="after")
-    def _lengths(self) -> "WorkloadConfig":
+    def _lengths(self) -> WorkloadConfig:
         if self.completion_p90 < self.completion_median:
             raise ValueError("workload: completion_p90 must be >= completion_median")
         for name in ("completion_lengths", "prompt_lengths"):
@@ -207,7 +211,7 @@ class SimConfig(ConfigModel):
     """Simulation length, seed and sweep."""
 
     @model_validator(mode="after")
-    def _sync_every(self) -> "SimConfig":
+    def _sync_every(self) -> SimConfig:
         p = self.pipeline
         if p.sync_every > p.max_staleness + 1:
             raise ValueError(f"pipeline.sync_every = {p.sync_every} needs max_staleness >= {p.sync_every - 1}: "

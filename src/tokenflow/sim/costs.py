@@ -37,7 +37,7 @@ class Costs:
     trainer_slowdown: float
 
     @classmethod
-    def from_config(cls, cfg: SimConfig) -> "Costs":
+    def from_config(cls, cfg: SimConfig) -> Costs:
         hw = cfg.hardware
         return cls(
             decode_base_s=hw.decode_step_base_s,

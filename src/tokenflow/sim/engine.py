@@ -39,7 +39,7 @@ _EPS_STEPS = 1e-6  # float slack when converting elapsed seconds into whole deco
 
 class SimEngine:
     def __init__(self, env: simpy.Environment, idx: int, *, costs: Costs, update_mode: str,
-                 max_running: int, prefix_sharing: bool, trainer: "TrainerState",
+                 max_running: int, prefix_sharing: bool, trainer: TrainerState,
                  recorder: Recorder, on_group_done, on_swapped) -> None:
         self.env = env
         self.idx = idx

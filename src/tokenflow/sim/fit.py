@@ -102,11 +102,11 @@ def _describe(v: list[int]) -> dict:
             "max": int(a.max())}
 
 
-def _trace_timings(run_dir: Path) -> dict[str, list[list[float]]]:
-    """Decode and prefill timings from a merged ``trace.json`` (spans ``engine/decode`` with arg
-    ``seqs`` and ``engine/prefill`` with arg ``tokens``), for runs whose calibration lacks them."""
+def _trace_timings(run_dir: Path) -> dict[str, list]:
+    """Timings from a merged ``trace.json``, for runs whose calibration lacks them: spans
+    ``engine/decode`` (arg ``seqs``), ``engine/prefill`` (arg ``tokens``), ``engine/weight_swap``."""
     path = run_dir / "trace.json"
-    out: dict[str, list[list[float]]] = {"decode_steps": [], "prefill": []}
+    out: dict[str, list] = {"decode_steps": [], "prefill": [], "engine_pauses": []}
     if not path.exists():
         return out
     events = json.loads(path.read_text(encoding="utf-8")).get("traceEvents", [])
@@ -118,6 +118,8 @@ def _trace_timings(run_dir: Path) -> dict[str, list[list[float]]]:
             out["decode_steps"].append([args["seqs"], ev["dur"] / 1e6])
         elif ev.get("name") == "engine/prefill" and "tokens" in args:
             out["prefill"].append([args["tokens"], ev["dur"] / 1e6])
+        elif ev.get("name") == "engine/weight_swap":
+            out["engine_pauses"].append(ev["dur"] / 1e6)
     return out
 
 
@@ -125,7 +127,7 @@ def fit_rates(cal: Calibration, fallback: Calibration | None = None,
               run_dir: Path | None = None) -> FittedRates:
     """Fit one run's rates; a component this run lacks is taken from ``fallback`` (the other
     run of a bench pair), then from the run's trace."""
-    trace = _trace_timings(run_dir) if run_dir is not None else {"decode_steps": [], "prefill": []}
+    trace = _trace_timings(run_dir) if run_dir is not None else {}
 
     def pick(get):
         for src in (cal, fallback):
@@ -133,11 +135,11 @@ def fit_rates(cal: Calibration, fallback: Calibration | None = None,
                 return get(src)
         return []
 
-    decode = pick(lambda c: c.engine.decode_steps) or trace["decode_steps"]
-    prefill = pick(lambda c: c.engine.prefill) or trace["prefill"]
+    decode = pick(lambda c: c.engine.decode_steps) or trace.get("decode_steps", [])
+    prefill = pick(lambda c: c.engine.prefill) or trace.get("prefill", [])
     train = pick(lambda c: c.trainer.steps)
     sync = pick(lambda c: c.sync.updates)
-    pauses = pick(lambda c: c.sync.engine_pauses)
+    pauses = pick(lambda c: c.sync.engine_pauses) or trace.get("engine_pauses", [])
     completions = pick(lambda c: c.completion_lengths)
     prompts = pick(lambda c: c.prompt_lengths)
     if not decode:

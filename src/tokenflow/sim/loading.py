@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import tomllib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+import tomllib
 from pydantic import ValidationError
 
 from tokenflow.sim.config import SimConfig

@@ -75,7 +75,7 @@ def _staleness(ages: Counter) -> dict:
     keys = sorted(ages)
     counts = np.array([ages[k] for k in keys], dtype=float)
     cdf = np.cumsum(counts) / total
-    pick = lambda q: int(keys[int(np.searchsorted(cdf, q - 1e-12))])  # noqa: E731
+    pick = lambda q: int(keys[int(np.searchsorted(cdf, q - 1e-12))])
     return {"mean": float(np.dot(keys, counts) / total), "p50": pick(0.5), "p90": pick(0.9),
             "max": int(keys[-1]), "histogram": {k: ages[k] / total for k in keys}}
 

@@ -103,7 +103,7 @@ def calibration_table(rep: CalibrationReport) -> Table:
                 "engine idle (pred / meas)"):
         t.add_column(col, justify="right")
     for mode, p in rep.runs.items():
-        meas = lambda x: "-" if x is None else _pct(x)  # noqa: E731
+        meas = lambda x: "-" if x is None else _pct(x)
         t.add_row(mode, _dur(p.predicted_wall_s), "-" if p.measured_wall_s is None else _dur(p.measured_wall_s),
                   "-" if p.error is None else f"{100 * p.error:+.1f}%",
                   f"{_pct(p.predicted_trainer_idle_frac)} / {meas(p.measured_trainer_idle_frac)}",
@@ -130,7 +130,7 @@ def sweep_figure(sw: SweepResult, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.png"
-    value = lambda p: getattr(p.result, sw.objective) if p.result else float("nan")  # noqa: E731
+    value = lambda p: getattr(p.result, sw.objective) if p.result else float("nan")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if len(sw.axes) == 1:
         xs = range(len(sw.axes[0].values))  # positions, so text values plot too

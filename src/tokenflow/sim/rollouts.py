@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 class SimRollout:
     """One sample of one prompt."""
 
-    group: "SimGroup"
+    group: SimGroup
     length: int
     """Target completion length in tokens."""
     done_tokens: int = 0
@@ -40,7 +40,7 @@ class SimGroup:
     completed_s: float | None = None
 
     @classmethod
-    def create(cls, gid: int, prompt_len: int, lengths: list[int], now: float) -> "SimGroup":
+    def create(cls, gid: int, prompt_len: int, lengths: list[int], now: float) -> SimGroup:
         g = cls(gid=gid, prompt_len=prompt_len, admitted_s=now)
         g.rollouts = [SimRollout(group=g, length=n) for n in lengths]
         return g

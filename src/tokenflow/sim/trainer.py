@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+
 import simpy
 
 from tokenflow.sim.buffer import SimBuffer

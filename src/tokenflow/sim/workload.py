@@ -3,7 +3,7 @@
 A lognormal is fixed by its median m and 90th percentile p: ``mu = ln m`` and
 ``sigma = ln(p / m) / z_0.9`` with ``z_0.9 = 1.2816`` the standard normal 90th percentile, so
 ``P(L <= p) = 0.9``. p = m gives fixed lengths. An empirical list is resampled uniformly with
-replacement. Every draw is rounded to whole tokens, at least 1 and at most ``max_tokens``.
+replacement, or replayed in order (``empirical_order = "replay"``). Every draw is rounded to whole tokens, at least 1 and at most ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,21 @@ class LengthSampler:
                              if workload.completion_lengths else None)
         self._prompts = (np.asarray(workload.prompt_lengths, dtype=np.int64)
                          if workload.prompt_lengths else None)
+        self._replay = workload.empirical_order == "replay"
+        self._next_completion = 0
+        self._next_prompt = 0
+
+    def _take(self, values: np.ndarray, n: int, which: str) -> np.ndarray:
+        """The next ``n`` values of ``values`` in order, cycling."""
+        start = getattr(self, which)
+        setattr(self, which, start + n)
+        return values[np.arange(start, start + n) % len(values)]
 
     def completions(self, n: int) -> list[int]:
         """``n`` completion lengths in tokens."""
-        if self._completions is not None:
+        if self._completions is not None and self._replay:
+            draws = self._take(self._completions, n, "_next_completion")
+        elif self._completions is not None:
             draws = self.rng.choice(self._completions, size=n)
         elif self.sigma == 0.0:
             draws = np.full(n, self.w.completion_median)
@@ -46,12 +57,16 @@ class LengthSampler:
 
     def prompt(self) -> int:
         """One prompt length in tokens."""
+        if self._prompts is not None and self._replay:
+            return int(self._take(self._prompts, 1, "_next_prompt")[0])
         if self._prompts is not None:
             return int(self.rng.choice(self._prompts))
         return self.w.prompt_length
 
     def mean_completion(self, samples: int = 200_000) -> float:
         """Mean completion length in tokens, after the cap (estimated by sampling)."""
+        if self._completions is not None:
+            return float(np.mean(np.clip(self._completions, 1, self.w.max_tokens)))
         rng_state = self.rng.bit_generator.state
         try:
             return float(np.mean(self.completions(samples)))
