@@ -68,3 +68,32 @@ def test_stale_tokens_are_rejected_and_reported():
     assert m["offpolicy/token_age_max"] == 2
     assert m["perf/loss_tokens"] == n_model - rollouts[0].loss_mask.sum()
     assert m["perf/sequences"] == len(rollouts) - 1
+
+
+def test_off_policy_metrics_on_a_constructed_batch():
+    """Stale rollouts whose engine log-probs are off by a known factor: every correction and
+    metric reports exactly the tokens it should, and the on-policy mismatch ignores stale tokens."""
+    model = tiny_model(seed=3)
+    rollouts = on_policy(model, make_rollouts(seed=4, version=7))
+    stale = rollouts[::2]
+    for r in stale:
+        r.versions[:] = 6
+        r.logprobs = r.logprobs - np.log(3.0)  # μ three times less likely: w = 3
+    algo = AlgorithmConfig(tis_cap=2.0, is_mask_high=2.5, max_token_age=1)
+    m = Trainer(model, TrainerConfig(device="cpu", lr=0.0), algo, version=7).train_step(rollouts)
+    n_loss = sum(int(r.loss_mask.sum()) for r in rollouts)
+    n_stale = sum(int(r.loss_mask.sum()) for r in stale)
+    assert m["offpolicy/is_ratio_max"] == pytest.approx(3.0, rel=1e-4)
+    assert m["offpolicy/is_ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert m["offpolicy/is_ratio_mean"] == pytest.approx((3 * n_stale + n_loss - n_stale) / n_loss, rel=1e-4)
+    assert m["offpolicy/tis_clipped_frac"] == pytest.approx(n_stale / n_loss)
+    assert m["offpolicy/is_masked_frac"] == pytest.approx(n_stale / n_loss)
+    assert m["offpolicy/rejected_frac"] == 0.0
+    assert m["offpolicy/token_age_mean"] == pytest.approx(n_stale / n_loss)
+    assert m["offpolicy/mismatch_tokens"] == n_loss - n_stale
+    assert m["offpolicy/mismatch_abs_logprob"] < 1e-5
+    # One version older than the bound allows: the stale half is rejected instead.
+    m = Trainer(model, TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig(max_token_age=1),
+                version=8).train_step(rollouts)
+    assert m["offpolicy/rejected_frac"] == pytest.approx(n_stale / n_loss)
+    assert m["offpolicy/is_ratio_max"] == pytest.approx(1.0, abs=1e-4)  # only fresh tokens remain

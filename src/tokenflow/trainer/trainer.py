@@ -15,7 +15,6 @@ per-rank losses then *sum* to the global loss (reduce gradients with a sum, not 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Iterator
@@ -36,6 +35,7 @@ from tokenflow.algorithms.stats import Accumulator
 from tokenflow.metrics.trace import span
 from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
+from tokenflow.trainer.checkpoint import rng_state, set_rng_state
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 from tokenflow.trainer.logprobs import SupportMask, token_logprobs
 from tokenflow.trainer.metrics import age_stats, step_metrics
@@ -100,7 +100,13 @@ class Trainer:
     # ----------------------------------------------------------------------------- one step
 
     def train_step(self, rollouts: list[Rollout], *, global_counts: GlobalCounts | None = None) -> dict[str, float]:
-        """One optimizer step over exactly ``rollouts``; returns the step's metrics."""
+        """One optimizer step over exactly ``rollouts``; returns the step's metrics.
+
+        Failed rollouts are dropped first (their groups become ragged). ``global_counts``
+        replaces the locally counted loss tokens and sequences in the aggregation normaliser; a
+        data-parallel caller passes the counts summed over ranks, and then ``loss/*`` are this
+        rank's shares of the global loss.
+        """
         start = time.perf_counter()
         alg = self.algorithm
         live = [r for r in rollouts if not r.failed]
@@ -247,16 +253,13 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: weights, optimizer, schedule, version, RNGs."""
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "model": self.model.state_dict(),
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
-            "rng": rng,
+            "rng": rng_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -268,15 +271,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
-        rng = state.get("rng") or {}
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-        if "numpy" in rng:
-            np.random.set_state(rng["numpy"])
-        if "python" in rng:
-            random.setstate(rng["python"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(state.get("rng") or {})
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write the policy in Hugging Face format (config.json, model.safetensors, and the
