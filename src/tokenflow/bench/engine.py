@@ -1,0 +1,183 @@
+"""`tokenflow bench engine`: the built-in engine against transformers' `generate()`.
+
+A GRPO-shaped workload: P prompts x G samples at temperature 1, each prompt's ``max_tokens``
+drawn from a lognormal (median ~32, capped at --max-tokens) so a few stragglers run much longer
+than the rest. Both sides get the same weights, prompts and sampling settings; EOS is ignored
+on both so every request produces exactly its ``max_tokens`` and the work is well defined.
+
+* engine: every prompt is one request with n = G (one shared prefill), its own max_tokens;
+  continuous batching refills freed slots at every step.
+* transformers: one ``generate()`` call over all prompts (left-padded) with
+  ``num_return_sequences=G`` and ``max_new_tokens`` = the largest max_tokens, as an HF user
+  would write it; it cannot stop a request at its own length, so only the tokens each request
+  asked for are counted on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIR = "assets/default_model"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("engine", help="built-in engine vs transformers generate() throughput")
+    p.add_argument("--model", default=None,
+                   help="HF model folder; 'default' = the packaged default model; "
+                        "omitted = a random ~4M-parameter Llama built here")
+    p.add_argument("--prompts", type=int, default=64, help="number of prompts")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt (n)")
+    p.add_argument("--max-tokens", type=int, default=128, help="cap on each request's completion length")
+    p.add_argument("--max-num-seqs", type=int, default=512, help="engine: sequences decoded together")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (both sides)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-hf", action="store_true", help="run only the engine")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _tiny_llama(seed: int):
+    """A random ~4M-parameter Llama (vocab 4096, hidden 256, 4 layers, GQA 8/4, tied)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval(), "random Llama (built here)"
+
+
+def _load_model(args):
+    from transformers import AutoModelForCausalLM
+
+    if args.model is None:
+        return _tiny_llama(args.seed)
+    path = args.model
+    if path == "default":
+        import tokenflow
+
+        path = os.path.join(os.path.dirname(tokenflow.__file__), DEFAULT_MODEL_DIR)
+        if not os.path.isdir(path):
+            raise SystemExit(f"--model default: no packaged model at {path}")
+    return AutoModelForCausalLM.from_pretrained(path).eval(), path
+
+
+def _workload(args, vocab: int):
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    lengths = rng.integers(16, 65, size=args.prompts)
+    prompts = [rng.integers(3, vocab, size=n).tolist() for n in lengths]
+    max_tokens = np.clip(np.round(rng.lognormal(np.log(32), 0.75, size=args.prompts)), 1, args.max_tokens)
+    return prompts, [int(m) for m in max_tokens]
+
+
+def _run_engine(args, hf_model, prompts, max_tokens) -> dict:
+    import time
+
+    from tokenflow.engine import Engine, EngineConfig, SamplingParams
+
+    config = EngineConfig(device=args.device, dtype=args.dtype, threads=args.threads,
+                          max_num_seqs=args.max_num_seqs, seed=args.seed)
+    engine = Engine.from_config(hf_model.config, hf_model.state_dict(), config)
+    params = [SamplingParams(temperature=1.0, n=args.samples, max_tokens=m, ignore_eos=True)
+              for m in max_tokens]
+    engine.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    engine.stats.__init__()
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    tokens = sum(r.num_tokens for group in results for r in group)
+    st = engine.stats
+    return {"seconds": seconds, "tokens": tokens, "decode_steps": st.decode_steps,
+            "prefill_steps": st.prefill_steps,
+            "mean_decode_step_ms": 1e3 * st.mean_decode_step_seconds,
+            "prefill_seconds": st.prefill_seconds}
+
+
+def _run_hf(args, hf_model, prompts, max_tokens) -> dict:
+    import time
+
+    import torch
+
+    longest = max(len(p) for p in prompts)
+    pad = 0
+    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    hf_model.generation_config.eos_token_id = None
+    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
+                  num_return_sequences=args.samples, pad_token_id=pad, eos_token_id=None)
+    with torch.inference_mode():
+        hf_model.generate(ids[:2], attention_mask=mask[:2], **{**kwargs, "max_new_tokens": 4})
+        start = time.perf_counter()
+        out = hf_model.generate(ids, attention_mask=mask, **kwargs)
+        seconds = time.perf_counter() - start
+    generated = out.shape[1] - longest
+    if generated != max(max_tokens):
+        logger.warning("transformers generated %d tokens per sequence, expected %d", generated, max(max_tokens))
+    # Count what each request asked for, as for the engine (the rest is straggler padding).
+    tokens = sum(min(m, generated) * args.samples for m in max_tokens)
+    return {"seconds": seconds, "tokens": tokens, "generated_including_waste": out.shape[0] * generated}
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_model, source = _load_model(args)
+    if args.dtype == "bfloat16":
+        hf_model = hf_model.to(torch.bfloat16)
+    vocab = hf_model.config.vocab_size
+    prompts, max_tokens = _workload(args, vocab)
+    params_m = sum(p.numel() for p in hf_model.parameters()) / 1e6
+    logger.info("bench engine: %s, %.1fM params, %d prompts x %d samples, %d requested tokens",
+                source, params_m, len(prompts), args.samples, args.samples * sum(max_tokens))
+    logger.info("running the built-in engine ...")
+    eng = _run_engine(args, hf_model, prompts, max_tokens)
+    result = {
+        "model": source,
+        "params_millions": round(params_m, 2),
+        "prompts": len(prompts),
+        "samples": args.samples,
+        "requested_tokens": args.samples * sum(max_tokens),
+        "max_tokens_mean": sum(max_tokens) / len(max_tokens),
+        "max_tokens_max": max(max_tokens),
+        "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
+        "load_average": os.getloadavg()[0],
+        "engine_seconds": round(eng["seconds"], 3),
+        "engine_tokens_per_s": round(eng["tokens"] / eng["seconds"], 1),
+        "engine_mean_decode_step_ms": round(eng["mean_decode_step_ms"], 3),
+        "engine_decode_steps": eng["decode_steps"],
+        "engine_prefill_steps": eng["prefill_steps"],
+        "engine_how": (f"continuous batching, max_num_seqs={args.max_num_seqs}, one request per "
+                       f"prompt with n={args.samples} (shared prefill), per-request max_tokens"),
+    }
+    if not args.skip_hf:
+        logger.info("running transformers generate() ...")
+        hf = _run_hf(args, hf_model, prompts, max_tokens)
+        result.update({
+            "hf_generate_seconds": round(hf["seconds"], 3),
+            "hf_generate_tokens_per_s": round(hf["tokens"] / hf["seconds"], 1),
+            "hf_generate_how": (f"one generate() call, {len(prompts)} left-padded prompts, "
+                                f"num_return_sequences={args.samples}, max_new_tokens="
+                                f"{max(max_tokens)}, do_sample, top_k=0, top_p=1; counted "
+                                "tokens = each request's max_tokens"),
+            "speedup": round(result["engine_tokens_per_s"] * hf["seconds"] / hf["tokens"], 3),
+        })
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    return 0

@@ -1,0 +1,57 @@
+"""`EngineConfig`: how the built-in engine runs (device, precision, batch limits, update policy)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tokenflow.config.base import ConfigModel
+
+UpdateMode = Literal["inflight", "abort", "drain"]
+
+
+class EngineConfig(ConfigModel):
+    """Settings of the built-in rollout engine (`tokenflow.engine.Engine`)."""
+
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where the model runs; "auto" picks CUDA when a GPU is visible, else the CPU."""
+
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
+    """Weight and activation precision; "auto" is bfloat16 on CUDA and float32 on the CPU (CPU
+    bfloat16 matmuls are slow without AMX). Norms, softmax and sampling always run in float32."""
+
+    threads: int | None = Field(default=None, ge=1)
+    """CPU threads for torch (`torch.set_num_threads`); None leaves torch's default."""
+
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most sequences (samples, not prompts) decoded together; also the number of KV-cache slots."""
+
+    max_num_batched_tokens: int = Field(default=4096, ge=1)
+    """Token budget of one prefill step, counted as (prompts in the step) x (longest prompt), i.e.
+    with padding. A single prompt longer than this still runs, alone."""
+
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest sequence (prompt + completion) in tokens; None = the model's
+    `max_position_embeddings` (capped at a sliding window, if the model has one)."""
+
+    update_mode: UpdateMode = "inflight"
+    """What running requests do when weights arrive: "inflight" keeps decoding (later tokens carry
+    the new version), "abort" returns them as partial rollouts, "drain" finishes them under the
+    old weights first while admitting nothing new."""
+
+    recompute_kv_after_update: bool = False
+    """After an in-flight update, recompute the KV cache of running sequences under the new
+    weights (one prefill of their tokens) instead of keeping the keys/values computed by the old
+    ones."""
+
+    seed: int = 0
+    """Engine seed: a request without its own seed gets one derived from this and its arrival
+    number, so whole runs are reproducible."""
+
+    kv_growth: int = Field(default=64, ge=1)
+    """The KV cache grows its per-slot length in multiples of this many positions (it starts
+    small and grows to the longest live sequence, at most `max_model_len`)."""
+
+    version: int = 0
+    """Policy version of the initial weights (optimizer steps already applied)."""

@@ -1,0 +1,105 @@
+"""The KV cache: slot bookkeeping (plain Python) and the per-layer key/value tensors.
+
+Layout: one contiguous tensor per layer for keys and one for values, shaped
+``[slots, kv_heads, capacity, head_dim]``. A running sequence owns one slot. The allocator keeps
+the used slots packed at ``0 .. num_used-1`` (a freed slot is refilled by moving the last used
+slot into it), so that the decode batch is exactly the first ``num_used`` slots: attention reads
+a view ``k[:B, :, :L]`` instead of gathering scattered slots, and no compute is spent on holes.
+
+The tensors start small and grow (slots and positions) to what live sequences need, so a large
+``max_model_len`` costs no memory until a sequence actually gets that long.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotAllocator:
+    """Hands out cache slots, keeping the used ones packed at ``0 .. num_used-1``."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.num_used = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.num_slots - self.num_used
+
+    def allocate(self, n: int) -> list[int]:
+        """Take the ``n`` lowest free slots."""
+        if n > self.num_free:
+            raise RuntimeError(f"asked for {n} cache slots, only {self.num_free} free")
+        slots = list(range(self.num_used, self.num_used + n))
+        self.num_used += n
+        return slots
+
+    def free(self, slot: int) -> tuple[int, int] | None:
+        """Release ``slot``. Returns the move ``(src, dst)`` that keeps the slots packed: the
+        sequence in the last used slot ``src`` must now live in ``dst`` (None if ``slot`` was last).
+        """
+        if not 0 <= slot < self.num_used:
+            raise RuntimeError(f"slot {slot} is not in use (used: 0..{self.num_used - 1})")
+        self.num_used -= 1
+        last = self.num_used
+        return None if slot == last else (last, slot)
+
+
+def grown(needed: int, current: int, limit: int, step: int) -> int:
+    """New size for a buffer that must hold ``needed``: at least double (amortised O(1) growth),
+    rounded up to ``step``, never above ``limit``."""
+    if needed <= current:
+        return current
+    if needed > limit:
+        raise RuntimeError(f"KV cache needs {needed} but the limit is {limit}")
+    size = max(needed, 2 * current)
+    size = -(-size // step) * step
+    return min(size, limit)
+
+
+class KVCache:
+    """Per-layer key/value tensors ``[slots, kv_heads, capacity, head_dim]``, grown on demand."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_slots: int,
+                 max_len: int, dtype: torch.dtype, device: torch.device, growth: int = 64) -> None:
+        self.num_layers = num_layers
+        self.shape_tail = (num_kv_heads, head_dim)
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.dtype = dtype
+        self.device = device
+        self.growth = growth
+        self.slots = 0
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.ensure(1, min(growth, max_len))
+
+    def ensure(self, num_slots: int, length: int) -> None:
+        """Make room for ``num_slots`` slots of ``length`` positions, keeping the contents."""
+        slots = grown(num_slots, self.slots, self.max_slots, 8)
+        cap = grown(length, self.capacity, self.max_len, self.growth)
+        if slots == self.slots and cap == self.capacity:
+            return
+        kvh, hd = self.shape_tail
+
+        def bigger(old: torch.Tensor | None) -> torch.Tensor:
+            new = torch.zeros(slots, kvh, cap, hd, dtype=self.dtype, device=self.device)
+            if old is not None:
+                new[: self.slots, :, : self.capacity].copy_(old)
+            return new
+
+        old_k = self.k or [None] * self.num_layers
+        old_v = self.v or [None] * self.num_layers
+        self.k = [bigger(t) for t in old_k]
+        self.v = [bigger(t) for t in old_v]
+        self.slots, self.capacity = slots, cap
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""
+        for k, v in zip(self.k, self.v):
+            k[dst, :, :length].copy_(k[src, :, :length])
+            v[dst, :, :length].copy_(v[src, :, :length])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

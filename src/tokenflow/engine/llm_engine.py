@@ -1,0 +1,338 @@
+"""`Engine`: the built-in rollout engine. Each `step` is schedule -> run -> post-process.
+
+::
+
+    add_request ──► Scheduler.waiting ──admit (slots free, token budget)──► prefill (shared by n)
+                                                                            │
+    step() returns finished Rollouts ◄── postprocess (stop? free slot) ◄── decode (all running)
+                                                                            ▲
+    update_weights ── inflight: swap now ─── abort: running → partials ─── drain: stop admitting,
+                                                                           swap when batch empty
+
+Calls are serialised by one lock, so a weight-sync thread may call `update_weights` while a
+generation loop calls `step`: the swap then lands between two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from tokenflow.engine.config import EngineConfig
+from tokenflow.engine.errors import InvalidRequest
+from tokenflow.engine.model_runner import ModelRunner
+from tokenflow.engine.models import model_class
+from tokenflow.engine.sampler import Sampler, SamplingBatch
+from tokenflow.engine.request import RequestLimits, make_group
+from tokenflow.engine.sampling_params import SamplingParams
+from tokenflow.engine.scheduler import Scheduler
+from tokenflow.engine.sequence import Sequence, SequenceGroup
+from tokenflow.engine.stats import EngineStats
+from tokenflow.engine.weight_update import apply_update
+from tokenflow.engine.weights import NamedTensors, as_dict, check_weights, load_checkpoint, weights_checksum
+from tokenflow.metrics.trace import record, span
+from tokenflow.rollout import Rollout
+
+logger = logging.getLogger(__name__)
+
+class Engine:
+    """Continuous-batching generation with behaviour log-probs, policy versions and live weight
+    updates. Implements `tokenflow.engine.base.RolloutEngine`.
+
+    ``model`` is a Hugging Face model folder (``config.json`` + ``model.safetensors``, and
+    tokenizer files if stop strings or ``Rollout.text`` are wanted); `from_config` builds one from
+    an in-memory config. Per generated token the returned `Rollout` holds the token, its
+    behaviour log-prob (see `tokenflow.engine.sampler`), the policy version of the weights that
+    computed it, and the sampling support when top-k/top-p cut the vocabulary.
+    """
+
+    logits_hook: Callable[[str, list[Sequence], torch.Tensor], None] | None = None
+    """Debug/test hook called with (step kind, row sequences, float32 logits) before sampling."""
+
+    def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        folder = Path(model)
+        hf_config = AutoConfig.from_pretrained(folder)
+        if tokenizer is None and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        eos = []
+        if (folder / "generation_config.json").exists():
+            eos = _as_list(GenerationConfig.from_pretrained(folder).eos_token_id)
+        self._setup(hf_config, load_checkpoint(folder), config, tokenizer, eos)
+
+    @classmethod
+    def from_config(cls, hf_config, state_dict: NamedTensors | None = None,
+                    config: EngineConfig | None = None, *, tokenizer=None) -> "Engine":
+        """An engine for a transformers config (or its dict); random weights if no state dict."""
+        if isinstance(hf_config, dict):
+            from transformers import AutoConfig
+
+            fields = dict(hf_config)
+            hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        engine = cls.__new__(cls)
+        engine._setup(hf_config, state_dict, config, tokenizer, [])
+        return engine
+
+    def _setup(self, hf_config, state_dict, config, tokenizer, extra_eos: list[int]) -> None:
+        self.config = config = config or EngineConfig()
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda" if cuda else "cpu")
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                      "auto": torch.bfloat16 if cuda else torch.float32}[config.dtype]
+        cls = model_class(hf_config)
+        self.hf_config = hf_config
+        self.max_model_len = _context_length(cls, hf_config, config.max_model_len)
+        self.tokenizer = tokenizer
+        self.vocab_size = hf_config.vocab_size
+        self.model = cls(hf_config, self.max_model_len, self.dtype).to(self.device)
+        views = self.model.hf_views()
+        self._expected = {name: view.shape for name, view in views.items()}
+        self._optional = {"lm_head.weight": views["model.embed_tokens.weight"].shape} if self.model.tied else {}
+        if state_dict is None:
+            self.model.init_random(config.seed)
+        else:
+            state_dict = as_dict(state_dict)
+            check_weights(state_dict, self._expected, self._optional)
+            self.model.load_weights(state_dict.items())
+        eos = set(_as_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(t for t in eos if 0 <= t < self.vocab_size)
+        self.version = config.version
+        self._limits = RequestLimits(self.vocab_size, self.max_model_len, config.max_num_seqs,
+                                     tokenizer is not None, self.eos_token_ids, config.seed)
+        self.stats = EngineStats()
+        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len,
+                                  self.device, self.dtype, config.kv_growth)
+        detok = self._decode if tokenizer is not None else None
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len, detok)
+        self.sampler = Sampler()
+        self._lock = threading.RLock()
+        self._paused = False
+        self._pending_update: tuple[dict[str, torch.Tensor], int, float] | None = None
+        self._outbox: list[Rollout] = []
+        self._live: dict[str, int] = {}
+        """Unfinished samples per request id."""
+        self._counter = 0
+        logger.info("engine: %s on %s/%s, %.1fM parameters, context %d, %d slots",
+                    cls.__name__, self.device, str(self.dtype).removeprefix("torch."),
+                    sum(v.numel() for v in views.values()) / 1e6, self.max_model_len, config.max_num_seqs)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, *, resume: Rollout | None = None,
+                    group_id: int = 0, prompt_id: int = -1) -> str:
+        """Queue one prompt for ``params.n`` samples; returns its request id.
+
+        Raises `InvalidRequest` (and changes nothing) if the request is bad. ``resume`` is a
+        partial rollout (finish reason "abort") of this prompt: the engine prefills prompt +
+        partial and continues that sample; the rollout it returns is the concatenation."""
+        with self._lock:
+            group = self._make_group(prompt_ids, params or SamplingParams(), request_id,
+                                     resume, group_id, prompt_id)
+            self._enqueue(group)
+            return group.request_id
+
+    def _make_group(self, prompt_ids, params: SamplingParams, request_id: str | None,
+                    resume: Rollout | None, group_id: int, prompt_id: int) -> SequenceGroup:
+        group = make_group(self._limits, self._counter, prompt_ids, params, request_id, resume,
+                           group_id, prompt_id)
+        if group.request_id in self._live:
+            raise InvalidRequest(f"request_id {group.request_id!r} is already running or waiting")
+        self._counter += 1
+        return group
+
+    def _enqueue(self, group: SequenceGroup) -> None:
+        self.scheduler.add(group)
+        self._live[group.request_id] = group.n
+
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[list[Rollout]]:
+        """Blocking: result[i] holds prompt i's n samples ordered by sample_index. Every request
+        is validated before any is queued. Rollouts of other callers' requests that finish
+        meanwhile are kept for the next `step`."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequest(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        with self._lock:
+            if self._paused:
+                raise RuntimeError("engine is paused; resume() before generate()")
+            groups = []
+            for prompt, p in zip(prompts, plist):
+                groups.append(self._make_group(prompt, p, None, None, 0, -1))
+            for group in groups:
+                self._enqueue(group)
+            index = {g.request_id: i for i, g in enumerate(groups)}
+            results: list[list[Rollout]] = [[] for _ in prompts]
+            others: list[Rollout] = []
+            remaining = sum(g.n for g in groups)
+            while remaining:
+                for rollout in self.step():
+                    i = index.get(rollout.request_id)
+                    if i is None:
+                        others.append(rollout)
+                    else:
+                        results[i].append(rollout)
+                        remaining -= 1
+            self._outbox = others + self._outbox
+        return [sorted(r, key=lambda x: x.sample_index) for r in results]
+
+    def stream(self) -> Iterator[Rollout]:
+        """Step until nothing is left, yielding rollouts as they finish."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[Rollout]:
+        """One prefill of newly admitted requests or one decode step of the running batch;
+        returns the rollouts that finished (aborted partials included)."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+            if self._paused:
+                return out
+            if self._pending_update is not None and not self.scheduler.running:
+                self._apply_pending()
+            self.runner.apply_moves(self.scheduler.take_moves())
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return out
+            wall, start = time.time(), time.perf_counter()
+            prompt_tokens = sum(g.num_prefill_tokens for g in batch.groups)
+            with torch.inference_mode():
+                if batch.kind == "prefill":
+                    logits = self.runner.prefill([g.prefill_ids for g in batch.groups],
+                                                 [[s.slot for s in g.seqs] for g in batch.groups])
+                    if len(batch.seqs) != len(batch.groups):  # n > 1: one prefill, n samples
+                        rows = [i for i, g in enumerate(batch.groups) for _ in g.seqs]
+                        logits = logits[torch.tensor(rows, device=logits.device)]
+                else:
+                    logits = self.runner.decode(batch.seqs)
+                if self.logits_hook is not None:
+                    self.logits_hook(batch.kind, batch.seqs, logits)
+                sampled = self.sampler(logits, SamplingBatch.from_seqs(batch.seqs, self.device))
+            finished = self.scheduler.postprocess(batch.seqs, sampled.tokens, sampled.logprobs,
+                                                  sampled.logmass, sampled.support, self.version)
+            self.runner.apply_moves(self.scheduler.take_moves())
+            seconds = time.perf_counter() - start
+            self._count(batch, seconds, prompt_tokens)
+            record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
+                   finished=len(finished), version=self.version)
+            return out + [self._finish(s) for s in finished]
+
+    def _count(self, batch, seconds: float, prompt_tokens: int) -> None:
+        st = self.stats
+        st.tokens_generated += len(batch.seqs)
+        st.last_step_seconds, st.last_step_kind, st.last_step_num_seqs = seconds, batch.kind, len(batch.seqs)
+        if batch.kind == "prefill":
+            st.prefill_steps += 1
+            st.prefill_seconds += seconds
+            st.prefill_tokens += prompt_tokens
+        else:
+            st.decode_steps += 1
+            st.decode_seconds += seconds
+
+    def _finish(self, seq: Sequence) -> Rollout:
+        left = self._live.pop(seq.request_id, 1) - 1
+        if left > 0:
+            self._live[seq.request_id] = left
+        text = None
+        if self.tokenizer is not None:
+            text = self._decode(seq.token_ids[seq.num_prompt_tokens:])
+        return seq.to_rollout(text)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._outbox)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    # -- control --------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """`step` runs no forward pass until `resume` (it still hands out aborted rollouts)."""
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+
+    def abort(self, request_id: str) -> int:
+        """Stop every sample of ``request_id``; they come back from the next `step` as partial
+        rollouts with finish reason "abort". Returns how many samples were stopped."""
+        with self._lock:
+            seqs = self.scheduler.abort_request(request_id)
+            self._outbox.extend(self._finish(s) for s in seqs)
+            return len(seqs)
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: NamedTensors, version: int, *, mode: str | None = None,
+                       recompute_kv: bool | None = None, checksum: str | None = None) -> dict:
+        """Load new weights (Hugging Face names) as policy ``version``; see `RolloutEngine`."""
+        return apply_update(self, named_tensors, version, mode=mode, recompute_kv=recompute_kv,
+                            checksum=checksum)
+
+    def _swap(self, named: dict[str, torch.Tensor], version: int) -> float:
+        wall, start = time.time(), time.perf_counter()
+        with span("engine/weight_swap", version=version):
+            self.model.load_weights(named.items())
+        self.version = version
+        seconds = time.perf_counter() - start
+        self.stats.weight_swaps += 1
+        self.stats.last_weight_swap_seconds = seconds
+        record("engine/weight_swap_done", wall, seconds, version=version)
+        return seconds
+
+    def _apply_pending(self) -> None:
+        named, version, _ = self._pending_update
+        self._pending_update = None
+        self._swap(named, version)
+        self.scheduler.admitting = True
+        logger.info("engine: drained, now at version %d", version)
+
+    def weights_checksum(self) -> str:
+        """`weights_checksum` of the weights in use, under their Hugging Face names."""
+        return weights_checksum(self.model.hf_views())
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
+
+
+def _context_length(cls, hf_config, requested: int | None) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 4096
+    window = cls.sliding_window(hf_config)
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}")
+    if window is not None and (requested or limit) > window:
+        if requested is not None:
+            raise ValueError(
+                f"max_model_len {requested} exceeds the model's sliding window {window}; the "
+                "built-in engine attends to the full context, which equals windowed attention "
+                f"only up to {window} tokens"
+            )
+        logger.info("engine: context capped at the sliding window (%d tokens)", window)
+        return window
+    return requested or limit

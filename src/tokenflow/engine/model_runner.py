@@ -1,0 +1,90 @@
+"""Runs the model on the scheduler's batches: prefill, decode, cache moves, KV recompute."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenflow.engine.kv_cache import KVCache
+from tokenflow.engine.models.attention import AttentionContext
+from tokenflow.engine.models.llama import LlamaForCausalLM, head_dim_of
+from tokenflow.engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, max_num_seqs: int, max_model_len: int,
+                 device: torch.device, dtype: torch.dtype, kv_growth: int = 64) -> None:
+        cfg = model.config
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.cache = KVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=head_dim_of(cfg),
+            max_slots=max_num_seqs,
+            max_len=max_model_len,
+            dtype=dtype,
+            device=device,
+            growth=kv_growth,
+        )
+
+    def _long(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def prefill(self, token_lists: list[list[int]], slots: list[list[int]] | None,
+                need_logits: bool = True) -> torch.Tensor | None:
+        """Run the prompts (right-padded into one batch), copy each prompt's keys/values into
+        its slots, and return the logits at each prompt's last position, [G, V]."""
+        lengths = [len(t) for t in token_lists]
+        longest = max(lengths)
+        ids = self._long([t + [0] * (longest - len(t)) for t in token_lists])
+        positions = torch.arange(longest, device=self.device).expand(len(token_lists), longest)
+        ctx = AttentionContext("prefill")
+        if slots is not None:
+            flat = [s for group in slots for s in group]
+            self.cache.ensure(max(flat) + 1, longest)
+            ctx.cache = self.cache
+            ctx.write_slots = self._long(flat)
+            ctx.write_rows = self._long([g for g, group in enumerate(slots) for _ in group])
+        hidden = self.model(ids, positions, ctx)
+        if not need_logits:
+            return None
+        last = hidden[torch.arange(len(lengths), device=self.device), self._long(lengths) - 1]
+        return self.model.compute_logits(last)
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One decode step: row i is the sequence in slot i; returns the next-token logits [B, V]."""
+        batch = len(seqs)
+        ids = self._long([[s.token_ids[-1]] for s in seqs])
+        positions = self._long([s.num_tokens - 1 for s in seqs])
+        length = int(positions.max()) + 1
+        self.cache.ensure(batch, length)
+        past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
+        key_bias = torch.zeros(batch, 1, 1, length, dtype=self.dtype, device=self.device)
+        key_bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
+        ctx = AttentionContext("decode", cache=self.cache, rows=torch.arange(batch, device=self.device),
+                               positions=positions, key_bias=key_bias, length=length)
+        hidden = self.model(ids, positions[:, None], ctx)
+        return self.model.compute_logits(hidden[:, 0])
+
+    @torch.inference_mode()
+    def apply_moves(self, moves: list[tuple[int, int, int]]) -> None:
+        """Copy cache rows so that slots stay packed after sequences left (in the given order)."""
+        for src, dst, length in moves:
+            self.cache.move(src, dst, min(length, self.cache.capacity))
+
+    @torch.inference_mode()
+    def recompute(self, seqs: list[Sequence]) -> None:
+        """Recompute the cached keys/values of running sequences under the current weights."""
+        if seqs:
+            self.prefill([s.token_ids[:-1] for s in seqs], [[s.slot] for s in seqs], need_logits=False)
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence, without touching the cache, [L, V]."""
+        ids = self._long([token_ids])
+        positions = torch.arange(len(token_ids), device=self.device)[None, :]
+        hidden = self.model(ids, positions, AttentionContext("prefill"))
+        return self.model.compute_logits(hidden[0])

@@ -1,0 +1,66 @@
+"""Attention over the slot KV cache, for a prefill (padded prompts) and for one decode step.
+
+A prefill runs causal attention over right-padded prompts (padding sits after every real
+token, so the causal mask alone keeps it out of the real tokens' attention) and copies each
+prompt's keys/values into the cache slots of its samples - one prefill serves all n samples.
+A decode step writes the new token's keys/values at its position and attends over the first
+``length`` positions of slots ``0..B-1``, a strided view of the cache (no gather, no copy),
+with positions past each sequence's end masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from tokenflow.engine.kv_cache import KVCache
+
+
+@dataclass
+class AttentionContext:
+    """How one forward pass reads and writes the KV cache (shared by all layers)."""
+
+    kind: Literal["prefill", "decode"]
+    cache: KVCache | None = None
+    write_slots: torch.Tensor | None = None
+    """Prefill: cache slots to fill, [S]."""
+    write_rows: torch.Tensor | None = None
+    """Prefill: for each slot in `write_slots`, the batch row whose keys/values it receives."""
+    rows: torch.Tensor | None = None
+    """Decode: ``arange(B)``; row b is slot b."""
+    positions: torch.Tensor | None = None
+    """Decode: position of each row's new token, [B]."""
+    key_bias: torch.Tensor | None = None
+    """Decode: additive mask [B, 1, 1, length], -inf past each row's end."""
+    length: int = 0
+    """Decode: positions attended (the longest sequence in the batch)."""
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
+                      layer: int, scale: float) -> torch.Tensor:
+    """``q`` [N, H, T, D], ``k``/``v`` [N, KVH, T, D] -> [N, H, T, D]."""
+    if ctx.cache is not None and ctx.write_slots is not None:
+        length = k.shape[2]
+        for src, cache in ((k, ctx.cache.k[layer]), (v, ctx.cache.v[layer])):
+            cache[:, :, :length].index_copy_(0, ctx.write_slots, src.index_select(0, ctx.write_rows))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
+                     layer: int, scale: float) -> torch.Tensor:
+    """``q`` [B, H, D], ``k``/``v`` [B, KVH, D] (the new token) -> [B, H * D]."""
+    k_cache, v_cache = ctx.cache.k[layer], ctx.cache.v[layer]
+    k_cache[ctx.rows, :, ctx.positions] = k
+    v_cache[ctx.rows, :, ctx.positions] = v
+    batch, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    keys = k_cache[:batch, :, : ctx.length]
+    values = v_cache[:batch, :, : ctx.length]
+    # Grouped-query attention without repeating K/V: query head h uses kv head h // group.
+    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * scale + ctx.key_bias
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, values).reshape(batch, heads * dim)

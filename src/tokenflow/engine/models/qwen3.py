@@ -1,0 +1,47 @@
+"""Qwen3: Llama with RMSNorm on each query and key head (q_norm/k_norm) and explicit head_dim."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenflow.engine.models.llama import (
+    ArchFlags,
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaRMSNorm,
+    head_dim_of,
+    layer_types_window,
+)
+
+
+class Qwen3Attention(LlamaAttention):
+    def __init__(self, config, flags: ArchFlags) -> None:
+        super().__init__(config, flags)
+        self.q_norm = LlamaRMSNorm(head_dim_of(config), config.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(head_dim_of(config), config.rms_norm_eps)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    layer_cls = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3Model
+
+    @classmethod
+    def arch_flags(cls, config) -> ArchFlags:
+        bias = bool(getattr(config, "attention_bias", False))
+        return ArchFlags(qkv_bias=bias, o_bias=bias, mlp_bias=False)
+
+    @classmethod
+    def sliding_window(cls, config) -> int | None:
+        return layer_types_window(config)

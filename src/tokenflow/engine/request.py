@@ -1,0 +1,92 @@
+"""Turning `add_request` arguments into a validated `SequenceGroup` (or an `InvalidRequest`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenflow.engine.errors import InvalidRequest
+from tokenflow.engine.sampling_params import SamplingParams
+from tokenflow.engine.sequence import Sequence, SequenceGroup
+from tokenflow.rollout import Rollout
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(base: int, counter: int) -> int:
+    """splitmix64 of (base, counter): distinct, well-mixed request seeds from one engine seed."""
+    x = (base * 0x9E3779B97F4A7C15 + counter + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1  # 63 bits: fits torch.int64
+
+
+@dataclass
+class RequestLimits:
+    """What a request is checked against."""
+
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    has_tokenizer: bool
+    eos_token_ids: frozenset[int]
+    engine_seed: int
+
+
+def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: SamplingParams,
+               request_id: str | None, resume: Rollout | None, group_id: int,
+               prompt_id: int) -> SequenceGroup:
+    """Validate one request and build its n sequences (or the one resumed sequence)."""
+    params.validate(limits.vocab_size, has_tokenizer=limits.has_tokenizer)
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise InvalidRequest("prompt_ids is empty")
+    bad = [t for t in prompt if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise InvalidRequest(f"prompt_ids must be in [0, {limits.vocab_size}), got {bad[:8]}")
+    if params.n > limits.max_num_seqs:
+        raise InvalidRequest(f"n must be <= max_num_seqs ({limits.max_num_seqs}), got {params.n}")
+    prefix: list[int] = []
+    sample_indices: list[int] = list(range(params.n))
+    seed = params.seed
+    if resume is not None:
+        _check_resume(resume, prompt, params)
+        prefix = resume.completion_ids.tolist()
+        request_id = request_id or resume.request_id
+        sample_indices = [resume.sample_index]
+        group_id, prompt_id = resume.group_id, resume.prompt_id
+        if seed is None:
+            seed = resume.info.get("seed")  # the same noise stream: the continuation is unchanged
+    total = len(prompt) + len(prefix)
+    if total >= limits.max_model_len:
+        raise InvalidRequest(
+            f"prompt{' + partial completion' if prefix else ''} has {total} tokens; the context "
+            f"(max_model_len) is {limits.max_model_len} tokens, so at most {limits.max_model_len - 1}"
+        )
+    seed = derive_seed(limits.engine_seed, arrival) if seed is None else seed & ((1 << 63) - 1)
+    stop_ids = frozenset(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop_ids |= limits.eos_token_ids
+    request_id = request_id or f"req-{arrival}"
+    seqs = [
+        Sequence(request_id=request_id, sample_index=i, params=params, seed=seed, prompt_ids=prompt,
+                 token_ids=prompt + prefix, stop_ids=stop_ids, group_id=group_id,
+                 prompt_id=prompt_id, prefix=resume)
+        for i in sample_indices
+    ]
+    return SequenceGroup(request_id, seqs)
+
+
+def _check_resume(resume: Rollout, prompt: list[int], params: SamplingParams) -> None:
+    if params.n != 1:
+        raise InvalidRequest(f"n must be 1 when resuming a partial rollout, got {params.n}")
+    if resume.finish_reason != "abort":
+        raise InvalidRequest(
+            f"resume must be a partial rollout (finish_reason 'abort'), got {resume.finish_reason!r}"
+        )
+    if resume.prompt_ids.tolist() != prompt:
+        raise InvalidRequest("resume.prompt_ids differ from prompt_ids")
+    if resume.num_tokens >= params.max_tokens:
+        raise InvalidRequest(
+            f"the partial rollout already has {resume.num_tokens} tokens and max_tokens is "
+            f"{params.max_tokens}; nothing is left to generate"
+        )

@@ -1,0 +1,72 @@
+"""`Engine.update_weights`: validate, verify, then swap in one of three modes.
+
+* ``inflight``: swap now (between two steps); running sequences keep their KV cache (or
+  recompute it, if asked) and their later tokens carry the new version.
+* ``abort``: running sequences stop and come back from the next `step` as partial rollouts
+  (finish reason "abort"); waiting requests stay queued and run under the new weights.
+* ``drain``: admit nothing new; the tensors are staged (copied, since a trainer may keep
+  updating its own in place) and swapped in at the first step with an empty running batch.
+
+Every check runs before anything changes: on a refused update the engine keeps its weights and
+version. A newer update supersedes a staged (drain) one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from tokenflow.engine.errors import WeightUpdateError
+from tokenflow.engine.weights import NamedTensors, as_dict, check_weights, weights_checksum
+
+if TYPE_CHECKING:
+    from tokenflow.engine.llm_engine import Engine
+
+logger = logging.getLogger(__name__)
+
+MODES = ("inflight", "abort", "drain")
+
+
+def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *, mode: str | None,
+                 recompute_kv: bool | None, checksum: str | None) -> dict:
+    mode = mode or engine.config.update_mode
+    if mode not in MODES:
+        raise ValueError(f"update mode must be one of {MODES}, got {mode!r}")
+    recompute = engine.config.recompute_kv_after_update if recompute_kv is None else recompute_kv
+    start = time.perf_counter()
+    named = as_dict(named_tensors)
+    with engine._lock:
+        check_weights(named, engine._expected, engine._optional)
+        if checksum is not None:
+            # Hash what arrived, before loading: a corrupt transfer is refused with nothing changed.
+            got = weights_checksum(named)
+            if got != checksum:
+                raise WeightUpdateError(
+                    f"weight update refused: checksum {got} does not match the expected {checksum}"
+                )
+        report = {"mode": mode, "version": version, "applied": False, "pending": False,
+                  "aborted": 0, "recomputed": 0, "swap_seconds": 0.0}
+        scheduler = engine.scheduler
+        if mode == "drain" and scheduler.running:
+            staged = {k: v.detach().to(engine.device, engine.dtype, copy=True) for k, v in named.items()}
+            engine._pending_update = (staged, version, time.time())
+            scheduler.admitting = False
+            report["pending"] = True
+        else:
+            engine._pending_update = None
+            scheduler.admitting = True
+            if mode == "abort":
+                seqs = scheduler.abort_running()
+                engine._outbox.extend(engine._finish(s) for s in seqs)
+                report["aborted"] = len(seqs)
+            report["swap_seconds"] = engine._swap(named, version)
+            if mode == "inflight" and recompute and scheduler.running:
+                engine.runner.apply_moves(scheduler.take_moves())
+                engine.runner.recompute(scheduler.running)
+                report["recomputed"] = len(scheduler.running)
+            report["applied"] = True
+    report["seconds"] = time.perf_counter() - start
+    logger.info("engine: weight update to version %d (%s): %s", version, mode,
+                "applied" if report["applied"] else "pending until the running batch drains")
+    return report
