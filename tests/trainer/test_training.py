@@ -9,7 +9,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig, GlobalCounts, compute_advantages
 from tokenflow.rollout import Rollout
 from tokenflow.trainer import Trainer, TrainerConfig
-from trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
 
 
 @pytest.mark.parametrize("algo", [dict(), dict(policy_loss="cispo", advantage="dr_grpo", clip_high=0.28),
@@ -148,6 +148,10 @@ def test_multi_turn_tool_tokens_get_no_gradient():
     r2 = copy.deepcopy(r)
     r2.reward = 0.0
     on_policy(model, [r, r2])
-    tr = Trainer(model, TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig())
-    m = tr.train_step([r, r2])
+    clean = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig()).train_step([r, r2])
+    for x in (r, r2):
+        x.logprobs[2:4] = np.nan  # an engine that records nothing for tool tokens
+    m = Trainer(model, TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig()).train_step([r, r2])
     assert m["perf/loss_tokens"] == 6
+    assert m["optim/grad_norm"] == pytest.approx(clean["optim/grad_norm"], rel=1e-6) and m["optim/grad_norm"] > 0
+    assert m["loss/total"] == pytest.approx(clean["loss/total"], rel=1e-6)

@@ -64,6 +64,9 @@ def to_train_sequence(index: int, r: Rollout, trainer_version: int, *, keep_samp
                                  "in its recorded sampling support")
     loss_mask = r.loss_mask.astype(bool)
     keep = loss_mask & version_keep(r.versions, trainer_version, max_token_age)
+    # Engines may leave tool tokens' log-probs undefined; a NaN there would reach the gradient
+    # through 0·NaN even though the token carries no weight.
+    behaviour = np.where(keep | np.isfinite(behaviour), behaviour, 0.0)
     return TrainSequence(
         index=index, input_ids=np.concatenate([r.prompt_ids, r.completion_ids[:-1]]),
         prompt_len=len(r.prompt_ids), targets=r.completion_ids, behaviour=behaviour.astype(np.float32),
