@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testlib import VOCAB, hf_model, make_engine
+from tests.engine.engine_testlib import VOCAB, hf_model, make_engine
 from tokenflow.engine import Engine, EngineConfig, InvalidRequest, SamplingParams
 
 

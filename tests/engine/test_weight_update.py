@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_testlib import VOCAB, LogitsRecorder, hf_logits, hf_model, make_engine
+from tests.engine.engine_testlib import VOCAB, LogitsRecorder, hf_logits, hf_model, make_engine
 from tokenflow.engine import SamplingParams, WeightUpdateError, weights_checksum
 
 TARGET = 7
@@ -178,3 +178,25 @@ def test_checksum_is_deterministic_and_sensitive():
     changed = {**a, "y": torch.tensor([1.0, 1.0, 1.0, 1.0001])}
     assert weights_checksum(a) != weights_checksum(changed)
     assert weights_checksum(a) != weights_checksum({"x": a["x"].reshape(3, 2), "y": a["y"]})
+
+
+def test_abort_mode_resumes_each_sample_of_a_group_under_its_request_id(models):
+    start, trained = models
+    engine = make_engine(start)
+    params = SamplingParams(n=3, max_tokens=8, seed=2, ignore_eos=True)
+    rid = engine.add_request(PROMPTS[2], params, "grp", group_id=5, prompt_id=17)
+    engine.step()
+    engine.step()
+    engine.update_weights(trained.state_dict(), version=1, mode="abort")
+    partials = engine.step()
+    assert sorted(r.sample_index for r in partials) == [0, 1, 2]
+    single = SamplingParams(n=1, max_tokens=8, seed=2, ignore_eos=True)
+    for r in partials:  # as the runtime does it: each sample resumed on its own, same id
+        engine.add_request(PROMPTS[2], single, request_id=rid, resume=r)
+    with pytest.raises(Exception, match="already running"):
+        engine.add_request(PROMPTS[2], single, request_id=rid, resume=partials[0])
+    done = sorted(run_all(engine), key=lambda r: r.sample_index)
+    assert [(r.request_id, r.sample_index, r.group_id, r.prompt_id) for r in done] == [
+        ("grp", i, 5, 17) for i in range(3)]
+    assert all(r.versions.tolist() == [0, 0] + [1] * 6 for r in done)
+    assert len({tuple(r.completion_ids) for r in done}) == 3

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from tokenflow.config.base import ConfigModel
 
-UpdateMode = Literal["inflight", "abort", "drain"]
+UpdateMode = Literal["inflight", "abort", "drain", "blocking"]
 
 
 class EngineConfig(ConfigModel):
@@ -38,7 +38,8 @@ class EngineConfig(ConfigModel):
     update_mode: UpdateMode = "inflight"
     """What running requests do when weights arrive: "inflight" keeps decoding (later tokens carry
     the new version), "abort" returns them as partial rollouts, "drain" finishes them under the
-    old weights first while admitting nothing new."""
+    old weights first while admitting nothing new. "blocking" (generation and training take
+    turns, synchronous RL) is scheduled by the runtime; inside the engine it acts as "drain"."""
 
     recompute_kv_after_update: bool = False
     """After an in-flight update, recompute the KV cache of running sequences under the new

@@ -120,8 +120,8 @@ class Engine:
         self._paused = False
         self._pending_update: tuple[dict[str, torch.Tensor], int, float] | None = None
         self._outbox: list[Rollout] = []
-        self._live: dict[str, int] = {}
-        """Unfinished samples per request id."""
+        self._live: dict[str, set[int]] = {}
+        """Sample indices still unfinished, per request id."""
         self._counter = 0
         logger.info("engine: %s on %s/%s, %.1fM parameters, context %d, %d slots",
                     cls.__name__, self.device, str(self.dtype).removeprefix("torch."),
@@ -147,14 +147,18 @@ class Engine:
                     resume: Rollout | None, group_id: int, prompt_id: int) -> SequenceGroup:
         group = make_group(self._limits, self._counter, prompt_ids, params, request_id, resume,
                            group_id, prompt_id)
-        if group.request_id in self._live:
-            raise InvalidRequest(f"request_id {group.request_id!r} is already running or waiting")
+        # Samples of one request may be resumed separately under the same id; only a
+        # (request id, sample index) pair that is still unfinished is a clash.
+        clash = self._live.get(group.request_id, set()) & {s.sample_index for s in group.seqs}
+        if clash:
+            raise InvalidRequest(f"request_id {group.request_id!r} sample(s) {sorted(clash)} "
+                                 "are already running or waiting")
         self._counter += 1
         return group
 
     def _enqueue(self, group: SequenceGroup) -> None:
         self.scheduler.add(group)
-        self._live[group.request_id] = group.n
+        self._live.setdefault(group.request_id, set()).update(s.sample_index for s in group.seqs)
 
     def generate(self, prompts: list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[list[Rollout]]:
@@ -243,9 +247,11 @@ class Engine:
             st.decode_seconds += seconds
 
     def _finish(self, seq: Sequence) -> Rollout:
-        left = self._live.pop(seq.request_id, 1) - 1
-        if left > 0:
-            self._live[seq.request_id] = left
+        live = self._live.get(seq.request_id)
+        if live is not None:
+            live.discard(seq.sample_index)
+            if not live:
+                del self._live[seq.request_id]
         text = None
         if self.tokenizer is not None:
             text = self._decode(seq.token_ids[seq.num_prompt_tokens:])

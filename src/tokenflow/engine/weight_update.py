@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MODES = ("inflight", "abort", "drain")
+MODES = ("inflight", "abort", "drain", "blocking")
 
 
 def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *, mode: str | None,
@@ -33,6 +33,8 @@ def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *,
     mode = mode or engine.config.update_mode
     if mode not in MODES:
         raise ValueError(f"update mode must be one of {MODES}, got {mode!r}")
+    if mode == "blocking":  # the runtime takes turns; for the engine that is a drain
+        mode = "drain"
     recompute = engine.config.recompute_kv_after_update if recompute_kv is None else recompute_kv
     start = time.perf_counter()
     named = as_dict(named_tensors)
