@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from synthetic import TRUTH, make_bench, make_run
 
+from tests.sim.synthetic import TRUTH, make_bench, make_run
 from tokenflow.sim import Calibration, calibrate
 from tokenflow.sim.calibrate import find_runs
 from tokenflow.sim.fit import fit_line, fit_rates

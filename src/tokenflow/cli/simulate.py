@@ -17,31 +17,6 @@ import json
 import sys
 
 
-class _OverrideParser(argparse.ArgumentParser):
-    """Accepts ``--section.key VALUE`` / ``--section.key=VALUE`` pairs it was not told about
-    and stores them in ``args.overrides``: the keys are the config's, not a fixed list."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        # Pull the pairs out before argparse sees them: it would take their values for the
-        # CONFIG positional.
-        overrides: dict[str, str] = {}
-        rest: list[str] = []
-        it = iter(sys.argv[1:] if args is None else args)
-        for tok in it:
-            if tok.startswith("--") and "." in tok.split("=", 1)[0]:
-                key, eq, value = tok[2:].partition("=")
-                if not eq:
-                    value = next(it, None)
-                    if value is None:
-                        self.error(f"{tok} needs a value")
-                overrides[key] = value
-            else:
-                rest.append(tok)
-        namespace, extras = super().parse_known_args(rest, namespace)
-        namespace.overrides = overrides
-        return namespace, extras
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -50,7 +25,6 @@ def register(subparsers) -> None:
                     "weight sync). Dotted overrides: --hardware.inference_gpus 8, "
                     "--rollout.max_staleness 2, ...",
     )
-    p.__class__ = _OverrideParser  # subparsers build plain parsers; this one takes dotted keys
     p.add_argument("config", nargs="?", metavar="CONFIG.toml",
                    help="training or simulator TOML ([hardware], [workload], [pipeline], [sim], "
                         "plus the training sections [rollout], [algorithm], [sampling], [engine], [sync])")
@@ -64,20 +38,16 @@ def register(subparsers) -> None:
                         "(sync/ and async/), then predict both runs' wall times")
     p.add_argument("--seeds", type=int, default=5, help="simulations averaged per calibrated prediction")
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
-    p.set_defaults(func=run, overrides={})
+    p.set_defaults(func=run, _allow_overrides=True)
 
 
-def _parse_overrides(raw: dict[str, str]) -> dict:
-    from tokenflow.sim.loading import parse_value
-
-    return {k: parse_value(v) for k, v in raw.items()}
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, overrides: list[str] | None = None) -> int:
+    """Dotted ``overrides`` arrive split off the command line by ``tokenflow.cli.main``."""
     from rich.console import Console
     from rich.markup import escape
 
-    from tokenflow.sim.loading import ConfigError, build_layers, load_layers
+    from tokenflow.config.loading import parse_overrides
+    from tokenflow.sim.loading import build_layers, load_layers
     from tokenflow.sim.presets import PRESET_HELP
 
     console = Console()
@@ -90,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.calibrate:
             return _calibrate(args, console)
-        layers = build_layers(args.config, args.preset, _parse_overrides(args.overrides))
+        layers = build_layers(args.config, args.preset, parse_overrides(overrides or []))
         cfg = load_layers(layers)
         specs = args.sweep if args.sweep is not None else cfg.sim.sweep
         if specs:
             return _sweep(args, layers, specs, cfg.sim.objective, console)
         return _single(args, cfg, console)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
         console.print("[red]error:[/red]", escape(str(e)), highlight=False)
         return 2
 

@@ -17,6 +17,7 @@ from typing import Any
 import tomllib
 from pydantic import ValidationError
 
+from tokenflow.config.loading import ConfigError as _TrainConfigError
 from tokenflow.sim.config import SimConfig
 from tokenflow.sim.presets import PRESETS
 
@@ -38,16 +39,8 @@ TRAINING_KEYS: dict[tuple[str, str], tuple[str, str]] = {
 """(training section, key) -> (simulator section, key)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(_TrainConfigError):
     """A configuration the simulator cannot use; the message says what to change."""
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value as TOML would read it (``8``, ``0.5``, ``true``, ``[1, 2]``), else text."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def set_dotted(raw: dict, dotted: str, value: Any) -> None:

@@ -27,9 +27,8 @@ def _dur(s: float) -> str:
 def result_tables(r: SimResult) -> list[Table]:
     """Summary, step-time breakdown and staleness tables of one simulation."""
     s = r.setup
-    top = Table(title=f"{s['inference_gpus']} inference ({s['engines']} engines) : "
-                      f"{s['training_gpus']} training GPUs, K = {s['max_staleness']}, "
-                      f"{s['update_mode']}", show_header=False)
+    top = Table(title=f"{s['inference_gpus']}+{s['training_gpus']} GPUs, K={s['max_staleness']}, "
+                      f"{s['update_mode']}", show_header=False, min_width=44)
     top.add_column("metric")
     top.add_column("value", justify="right")
     for name, value in [

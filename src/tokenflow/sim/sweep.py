@@ -14,7 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenflow.sim.loading import ConfigError, load_layers, parse_value, set_dotted
+from tokenflow.config.loading import parse_value
+from tokenflow.sim.loading import ConfigError, load_layers, set_dotted
 from tokenflow.sim.metrics import SimResult
 from tokenflow.sim.pipeline import simulate
 
