@@ -128,3 +128,21 @@ def test_example_toml_loads_and_runs():
     cfg = load_config(EXAMPLE, overrides={"sim.steps": 4})
     assert cfg.hardware.engines == 4 and cfg.pipeline.transport == "broadcast"
     assert simulate(cfg).steps == 4
+
+
+def test_the_training_config_loads_unchanged():
+    """Every section of the real TrainConfig, as its TOML would hold it, on top of a preset."""
+    root = pytest.importorskip("tokenflow.config.root")
+    from tokenflow.sim.loading import load_layers, preset_layer
+
+    train = root.TrainConfig()
+    raw = train.model_dump(mode="json")
+    cfg = load_layers([("preset", preset_layer("h100-7b-vllm")), ("training config", raw)])
+    assert cfg.workload.prompts_per_step == train.rollout.prompts_per_step
+    assert cfg.workload.group_size == train.rollout.group_size
+    assert cfg.workload.max_tokens == train.sampling.max_tokens
+    assert cfg.pipeline.max_staleness == train.rollout.max_staleness
+    assert cfg.pipeline.max_token_age == train.algorithm.max_token_age
+    assert cfg.pipeline.update_mode == train.engine.update_mode
+    assert (cfg.pipeline.sync_every, cfg.pipeline.transport, cfg.pipeline.bucket_mb) == (
+        train.sync.every, train.sync.transport, train.sync.bucket_mb)
