@@ -82,11 +82,16 @@ class KVCache:
         if slots == self.slots and cap == self.capacity:
             return
         kvh, hd = self.shape_tail
+        old_slots, old_cap = self.slots, self.capacity
 
         def bigger(old: torch.Tensor | None) -> torch.Tensor:
-            new = torch.zeros(slots, kvh, cap, hd, dtype=self.dtype, device=self.device)
+            # Positions never written must hold finite values (masked scores meet them as
+            # 0 * value), so the new part is zeroed; the old part is copied, not zeroed first.
+            new = torch.empty(slots, kvh, cap, hd, dtype=self.dtype, device=self.device)
+            new[old_slots:].zero_()
+            new[:old_slots, :, old_cap:].zero_()
             if old is not None:
-                new[: self.slots, :, : self.capacity].copy_(old)
+                new[:old_slots, :, :old_cap].copy_(old)
             return new
 
         old_k = self.k or [None] * self.num_layers

@@ -62,8 +62,9 @@ class ModelRunner:
         length = int(positions.max()) + 1
         self.cache.ensure(batch, length)
         past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
-        key_bias = torch.zeros(batch, 1, 1, length, dtype=self.dtype, device=self.device)
-        key_bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
+        key_bias = torch.zeros(batch, 1, length, dtype=self.dtype, device=self.device)
+        key_bias.masked_fill_(past_end[:, None, :], float("-inf"))
+        key_bias = key_bias.expand(batch, self.cache.shape_tail[0], length).reshape(-1, 1, length)
         ctx = AttentionContext("decode", cache=self.cache, rows=torch.arange(batch, device=self.device),
                                positions=positions, key_bias=key_bias, length=length)
         hidden = self.model(ids, positions[:, None], ctx)

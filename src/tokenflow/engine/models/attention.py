@@ -34,7 +34,7 @@ class AttentionContext:
     positions: torch.Tensor | None = None
     """Decode: position of each row's new token, [B]."""
     key_bias: torch.Tensor | None = None
-    """Decode: additive mask [B, 1, 1, length], -inf past each row's end."""
+    """Decode: additive mask [B * kv_heads, 1, length], -inf past each row's end."""
     length: int = 0
     """Decode: positions attended (the longest sequence in the batch)."""
 
@@ -57,10 +57,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Att
     v_cache[ctx.rows, :, ctx.positions] = v
     batch, heads, dim = q.shape
     kv_heads = k.shape[1]
-    keys = k_cache[:batch, :, : ctx.length]
-    values = v_cache[:batch, :, : ctx.length]
-    # Grouped-query attention without repeating K/V: query head h uses kv head h // group.
-    q = q.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(q, keys.transpose(2, 3)) * scale + ctx.key_bias
+    # Slots and kv heads merge into one batch dim of a strided view (no copy). Grouped-query
+    # attention without repeating K/V: query head h uses kv head h // group.
+    keys = k_cache[:batch, :, : ctx.length].view(batch * kv_heads, ctx.length, dim)
+    values = v_cache[:batch, :, : ctx.length].view(batch * kv_heads, ctx.length, dim)
+    q = q.reshape(batch * kv_heads, heads // kv_heads, dim)
+    # baddbmm reads the strided cache view in place, where bmm/matmul first copy it (measured
+    # ~1.5x slower on CPU); it also folds in the scale and the mask.
+    scores = torch.baddbmm(ctx.key_bias, q, keys.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, values).reshape(batch, heads * dim)
+    out = torch.baddbmm(ctx.key_bias.new_zeros(1, 1, 1).expand(q.shape), probs, values, beta=0)
+    return out.reshape(batch, heads * dim)
