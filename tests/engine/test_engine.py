@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,3 +162,43 @@ def test_threads_and_stats(hf):
     assert st.tokens_generated == 16 and st.prefill_tokens == 5
     assert st.decode_steps == 3 and st.prefill_steps == 1
     assert st.last_step_kind == "decode" and st.mean_decode_step_seconds > 0
+
+
+def test_from_config_dict_and_context_length_rules(hf):
+    engine = Engine.from_config(hf.config.to_dict(), hf.state_dict(), EngineConfig(device="cpu"))
+    prompt = [3, 4, 5, 6]
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert tokens_of(engine, prompt, greedy) == tokens_of(make_engine(hf), prompt, greedy)
+    from transformers import MistralConfig
+
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                        sliding_window=48)
+    assert Engine.from_config(cfg, config=EngineConfig(device="cpu")).max_model_len == 48
+    with pytest.raises(ValueError, match="sliding window 48"):
+        Engine.from_config(cfg, config=EngineConfig(device="cpu", max_model_len=100))
+    with pytest.raises(ValueError, match="max_position_embeddings 128"):
+        make_engine(hf, max_model_len=1000)
+
+
+def test_weight_update_from_another_thread_lands_between_steps(hf):
+    import threading
+    import time
+
+    engine = make_engine(hf)
+    engine.add_request([3, 4, 5], SamplingParams(n=2, max_tokens=40, ignore_eos=True))
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    started = threading.Event()
+    worker = threading.Thread(target=lambda: (started.wait(), engine.update_weights(state, version=1)))
+    worker.start()
+    out = []
+    while engine.has_unfinished():
+        out += engine.step()
+        if engine.stats.decode_steps == 3:
+            started.set()
+        time.sleep(0.002)  # the generation loop's other work; lets the sync thread in
+    worker.join()
+    assert len(out) == 2 and engine.version == 1
+    for r in out:
+        assert r.num_tokens == 40 and r.versions[0] == 0 and r.versions[-1] == 1
+        assert (np.diff(r.versions) >= 0).all()

@@ -75,3 +75,16 @@ def test_bfloat16_runs_close_to_float32():
     assert bf16.dtype == torch.float32  # logits are handed to the sampler in float32
     assert (bf16 - f32).abs().max().item() < 0.3 * f32.abs().max().item()
     assert (bf16.argmax(-1) == f32.argmax(-1)).float().mean() > 0.8
+
+
+def test_bfloat16_decodes_with_the_cache():
+    hf = hf_model("llama", seed=4)
+    engine = make_engine(hf, dtype="bfloat16")
+    rec = LogitsRecorder()
+    engine.logits_hook = rec
+    out = engine.generate([[5, 6, 7], list(range(10, 25))], SamplingParams(n=2, max_tokens=8, ignore_eos=True))
+    for group, prompt in zip(out, [[5, 6, 7], list(range(10, 25))]):
+        for r in group:
+            assert r.num_tokens == 8 and (r.logprobs <= 0).all() and r.logprobs.min() > -30
+            ref = hf_logits(hf, prompt, r.completion_ids)  # float32 transformers
+            assert (rec.of(r) - ref).abs().max().item() < 0.1 * ref.abs().max().item()

@@ -171,23 +171,24 @@ class Engine:
         with self._lock:
             if self._paused:
                 raise RuntimeError("engine is paused; resume() before generate()")
-            groups = []
-            for prompt, p in zip(prompts, plist):
-                groups.append(self._make_group(prompt, p, None, None, 0, -1))
+            groups = [self._make_group(prompt, p, None, None, 0, -1) for prompt, p in zip(prompts, plist)]
             for group in groups:
                 self._enqueue(group)
-            index = {g.request_id: i for i, g in enumerate(groups)}
-            results: list[list[Rollout]] = [[] for _ in prompts]
-            others: list[Rollout] = []
-            remaining = sum(g.n for g in groups)
-            while remaining:
-                for rollout in self.step():
-                    i = index.get(rollout.request_id)
-                    if i is None:
-                        others.append(rollout)
-                    else:
-                        results[i].append(rollout)
-                        remaining -= 1
+        # The lock is taken per step, not for the whole loop, so a weight update from another
+        # thread still lands between two steps.
+        index = {g.request_id: i for i, g in enumerate(groups)}
+        results: list[list[Rollout]] = [[] for _ in prompts]
+        others: list[Rollout] = []
+        remaining = sum(g.n for g in groups)
+        while remaining:
+            for rollout in self.step():
+                i = index.get(rollout.request_id)
+                if i is None:
+                    others.append(rollout)
+                else:
+                    results[i].append(rollout)
+                    remaining -= 1
+        with self._lock:
             self._outbox = others + self._outbox
         return [sorted(r, key=lambda x: x.sample_index) for r in results]
 
