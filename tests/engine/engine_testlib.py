@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from tokenflow.engine import Engine, EngineConfig
 
 VOCAB = 128
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+           "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 
 
 def family_config(family: str):
@@ -26,7 +32,7 @@ def family_config(family: str):
     if family == "qwen3":  # q/k norm, head_dim != hidden / heads
         return Qwen3Config(**_COMMON, head_dim=24, tie_word_embeddings=False)
     if family == "mistral":  # windowed attention (wider than the context used here), no GQA
-        cfg = dict(_COMMON, num_key_value_heads=4)
+        cfg = {**_COMMON, "num_key_value_heads": 4}
         return MistralConfig(**cfg, sliding_window=128, tie_word_embeddings=False)
     raise KeyError(family)
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.engine_testlib import FAMILIES, LogitsRecorder, hf_logits, hf_model, make_engine
+from tests.engine.engine_testlib import (
+    FAMILIES,
+    LogitsRecorder,
+    hf_logits,
+    hf_model,
+    make_engine,
+)
 from tokenflow.engine import SamplingParams
 
 

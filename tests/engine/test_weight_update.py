@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.engine.engine_testlib import VOCAB, LogitsRecorder, hf_logits, hf_model, make_engine
+from tests.engine.engine_testlib import (
+    VOCAB,
+    LogitsRecorder,
+    hf_logits,
+    hf_model,
+    make_engine,
+)
 from tokenflow.engine import SamplingParams, WeightUpdateError, weights_checksum
 
 TARGET = 7

@@ -112,8 +112,9 @@ def _run_hf(args, hf_model, prompts, max_tokens) -> dict:
     ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
     hf_model.generation_config.eos_token_id = None
-    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
-                  num_return_sequences=args.samples, pad_token_id=pad, eos_token_id=None)
+    kwargs = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+              "max_new_tokens": max(max_tokens), "num_return_sequences": args.samples,
+              "pad_token_id": pad, "eos_token_id": None}
     with torch.inference_mode():
         hf_model.generate(ids[:2], attention_mask=mask[:2], **{**kwargs, "max_new_tokens": 4})
         start = time.perf_counter()

@@ -25,20 +25,32 @@ import torch
 
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest
+from tokenflow.engine.loader import (
+    as_hf_config,
+    as_id_list,
+    context_length,
+    read_model_folder,
+)
 from tokenflow.engine.model_runner import ModelRunner
 from tokenflow.engine.models import model_class
-from tokenflow.engine.sampler import Sampler, SamplingBatch
 from tokenflow.engine.request import RequestLimits, make_group
+from tokenflow.engine.sampler import Sampler, SamplingBatch
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.scheduler import Scheduler
 from tokenflow.engine.sequence import Sequence, SequenceGroup
 from tokenflow.engine.stats import EngineStats
-from tokenflow.engine.weight_update import apply_update
-from tokenflow.engine.weights import NamedTensors, as_dict, check_weights, load_checkpoint, weights_checksum
-from tokenflow.metrics.trace import record, span
+from tokenflow.engine.weight_update import apply_pending, apply_update
+from tokenflow.engine.weights import (
+    NamedTensors,
+    as_dict,
+    check_weights,
+    weights_checksum,
+)
+from tokenflow.metrics.trace import record
 from tokenflow.rollout import Rollout
 
 logger = logging.getLogger(__name__)
+
 
 class Engine:
     """Continuous-batching generation with behaviour log-probs, policy versions and live weight
@@ -55,26 +67,13 @@ class Engine:
     """Debug/test hook called with (step kind, row sequences, float32 logits) before sampling."""
 
     def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-        folder = Path(model)
-        hf_config = AutoConfig.from_pretrained(folder)
-        if tokenizer is None and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-        eos = []
-        if (folder / "generation_config.json").exists():
-            eos = _as_list(GenerationConfig.from_pretrained(folder).eos_token_id)
-        self._setup(hf_config, load_checkpoint(folder), config, tokenizer, eos)
+        folder = read_model_folder(model, tokenizer)
+        self._setup(folder.hf_config, folder.state_dict, config, folder.tokenizer, folder.eos_token_ids)
 
     @classmethod
     def from_config(cls, hf_config, state_dict: NamedTensors | None = None,
-                    config: EngineConfig | None = None, *, tokenizer=None) -> "Engine":
+                    config: EngineConfig | None = None, *, tokenizer=None) -> Engine:
         """An engine for a transformers config (or its dict); random weights if no state dict."""
-        if isinstance(hf_config, dict):
-            from transformers import AutoConfig
-
-            fields = dict(hf_config)
-            hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         engine = cls.__new__(cls)
         engine._setup(hf_config, state_dict, config, tokenizer, [])
         return engine
@@ -87,9 +86,10 @@ class Engine:
         self.device = torch.device("cuda" if cuda else "cpu")
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                       "auto": torch.bfloat16 if cuda else torch.float32}[config.dtype]
+        hf_config = as_hf_config(hf_config)
         cls = model_class(hf_config)
         self.hf_config = hf_config
-        self.max_model_len = _context_length(cls, hf_config, config.max_model_len)
+        self.max_model_len = context_length(cls, hf_config, config.max_model_len)
         self.tokenizer = tokenizer
         self.vocab_size = hf_config.vocab_size
         self.model = cls(hf_config, self.max_model_len, self.dtype).to(self.device)
@@ -102,7 +102,7 @@ class Engine:
             state_dict = as_dict(state_dict)
             check_weights(state_dict, self._expected, self._optional)
             self.model.load_weights(state_dict.items())
-        eos = set(_as_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
+        eos = set(as_id_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(t for t in eos if 0 <= t < self.vocab_size)
@@ -207,7 +207,7 @@ class Engine:
             if self._paused:
                 return out
             if self._pending_update is not None and not self.scheduler.running:
-                self._apply_pending()
+                apply_pending(self)
             self.runner.apply_moves(self.scheduler.take_moves())
             batch = self.scheduler.schedule()
             if batch is None:
@@ -299,47 +299,6 @@ class Engine:
         return apply_update(self, named_tensors, version, mode=mode, recompute_kv=recompute_kv,
                             checksum=checksum)
 
-    def _swap(self, named: dict[str, torch.Tensor], version: int) -> float:
-        wall, start = time.time(), time.perf_counter()
-        with span("engine/weight_swap", version=version):
-            self.model.load_weights(named.items())
-        self.version = version
-        seconds = time.perf_counter() - start
-        self.stats.weight_swaps += 1
-        self.stats.last_weight_swap_seconds = seconds
-        record("engine/weight_swap_done", wall, seconds, version=version)
-        return seconds
-
-    def _apply_pending(self) -> None:
-        named, version, _ = self._pending_update
-        self._pending_update = None
-        self._swap(named, version)
-        self.scheduler.admitting = True
-        logger.info("engine: drained, now at version %d", version)
-
     def weights_checksum(self) -> str:
         """`weights_checksum` of the weights in use, under their Hugging Face names."""
         return weights_checksum(self.model.hf_views())
-
-
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
-
-
-def _context_length(cls, hf_config, requested: int | None) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or 4096
-    window = cls.sliding_window(hf_config)
-    if requested is not None and requested > limit:
-        raise ValueError(f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}")
-    if window is not None and (requested or limit) > window:
-        if requested is not None:
-            raise ValueError(
-                f"max_model_len {requested} exceeds the model's sliding window {window}; the "
-                "built-in engine attends to the full context, which equals windowed attention "
-                f"only up to {window} tokens"
-            )
-        logger.info("engine: context capped at the sliding window (%d tokens)", window)
-        return window
-    return requested or limit

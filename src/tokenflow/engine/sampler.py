@@ -65,7 +65,7 @@ class SamplingBatch:
     truncated_rows: list[int]
 
     @classmethod
-    def from_seqs(cls, seqs: list[Sequence], device: torch.device) -> "SamplingBatch":
+    def from_seqs(cls, seqs: list[Sequence], device: torch.device) -> SamplingBatch:
         params = [s.params for s in seqs]
         temps = [p.temperature for p in params]
         greedy = [t == 0 for t in temps]

@@ -17,8 +17,16 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from tokenflow.engine.errors import WeightUpdateError
-from tokenflow.engine.weights import NamedTensors, as_dict, check_weights, weights_checksum
+from tokenflow.engine.weights import (
+    NamedTensors,
+    as_dict,
+    check_weights,
+    weights_checksum,
+)
+from tokenflow.metrics.trace import record
 
 if TYPE_CHECKING:
     from tokenflow.engine.llm_engine import Engine
@@ -28,7 +36,7 @@ logger = logging.getLogger(__name__)
 MODES = ("inflight", "abort", "drain", "blocking")
 
 
-def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *, mode: str | None,
+def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, mode: str | None,
                  recompute_kv: bool | None, checksum: str | None) -> dict:
     mode = mode or engine.config.update_mode
     if mode not in MODES:
@@ -62,7 +70,7 @@ def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *,
                 seqs = scheduler.abort_running()
                 engine._outbox.extend(engine._finish(s) for s in seqs)
                 report["aborted"] = len(seqs)
-            report["swap_seconds"] = engine._swap(named, version)
+            report["swap_seconds"] = swap(engine, named, version)
             if mode == "inflight" and recompute and scheduler.running:
                 engine.runner.apply_moves(scheduler.take_moves())
                 engine.runner.recompute(scheduler.running)
@@ -72,3 +80,24 @@ def apply_update(engine: "Engine", named_tensors: NamedTensors, version: int, *,
     logger.info("engine: weight update to version %d (%s): %s", version, mode,
                 "applied" if report["applied"] else "pending until the running batch drains")
     return report
+
+
+def swap(engine: Engine, named: dict[str, torch.Tensor], version: int) -> float:
+    """Copy the tensors into the model and take on their version; returns the seconds taken."""
+    wall, start = time.time(), time.perf_counter()
+    engine.model.load_weights(named.items())
+    engine.version = version
+    seconds = time.perf_counter() - start
+    engine.stats.weight_swaps += 1
+    engine.stats.last_weight_swap_seconds = seconds
+    record("engine/weight_swap", wall, seconds, version=version)
+    return seconds
+
+
+def apply_pending(engine: Engine) -> None:
+    """Swap in a staged (drain) update once the running batch is empty; admit again."""
+    named, version, _ = engine._pending_update
+    engine._pending_update = None
+    swap(engine, named, version)
+    engine.scheduler.admitting = True
+    logger.info("engine: drained, now at version %d", version)

@@ -15,7 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenflow.engine.models.attention import AttentionContext, decode_attention, prefill_attention
+from tokenflow.engine.models.attention import (
+    AttentionContext,
+    decode_attention,
+    prefill_attention,
+)
 from tokenflow.engine.models.rope import apply_rope, rope_tables
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tokenflow.engine.models.llama import ArchFlags, LlamaForCausalLM, layer_types_window
+from tokenflow.engine.models.llama import (
+    ArchFlags,
+    LlamaForCausalLM,
+    layer_types_window,
+)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
