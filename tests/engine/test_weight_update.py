@@ -206,3 +206,19 @@ def test_abort_mode_resumes_each_sample_of_a_group_under_its_request_id(models):
         ("grp", i, 5, 17) for i in range(3)]
     assert all(r.versions.tolist() == [0, 0] + [1] * 6 for r in done)
     assert len({tuple(r.completion_ids) for r in done}) == 3
+
+
+def test_drain_applies_when_the_last_running_request_finishes(models):
+    start, trained = models
+    engine = make_engine(start)
+    engine.add_request([3, 4, 5], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    assert engine.update_weights(trained.state_dict(), version=1, mode="drain")["pending"]
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    assert steps == 3 and engine.version == 1  # swapped in the step that emptied the batch
+    idle = make_engine(start)  # nothing running: a drain applies at once
+    assert idle.update_weights(trained.state_dict(), version=4, mode="drain")["applied"]
+    assert idle.version == 4

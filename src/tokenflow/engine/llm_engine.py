@@ -229,6 +229,8 @@ class Engine:
             finished = self.scheduler.postprocess(batch.seqs, sampled.tokens, sampled.logprobs,
                                                   sampled.logmass, sampled.support, self.version)
             self.runner.apply_moves(self.scheduler.take_moves())
+            if self._pending_update is not None and not self.scheduler.running:
+                apply_pending(self)  # the drain is over: swap now, not at some later step
             seconds = time.perf_counter() - start
             self._count(batch, seconds, prompt_tokens)
             record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
@@ -262,7 +264,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._outbox)
+        return self.scheduler.has_unfinished() or bool(self._outbox) or self._pending_update is not None
 
     @property
     def num_running(self) -> int:
