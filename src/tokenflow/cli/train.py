@@ -66,6 +66,16 @@ def run(args, overrides: list[str] | None = None) -> int:
             print(f"error: run folder {run_dir} exists; continue it with --resume {run_dir} "
                   "or choose another --output-dir / --run.name", file=sys.stderr)
             return 2
-    summary = train(cfg, run_dir, resume=bool(args.resume))
+    from tokenflow.runtime.orchestrator import RunFailed
+    from tokenflow.runtime.workers import WorkerDied
+
+    try:
+        summary = train(cfg, run_dir, resume=bool(args.resume))
+    except (RunFailed, WorkerDied) as e:
+        print(f"error: {e}\nThe last checkpoint is intact: tokenflow train --resume {run_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: tokenflow train --resume {run_dir}", file=sys.stderr)
+        return 130
     print(json.dumps(summary, indent=2))
     return 0

@@ -30,6 +30,8 @@ class RunConfig(ConfigModel):
     """Write a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many of the most recent checkpoints to keep."""
+    save_rollouts: bool = False
+    """Write every consumed rollout (tokens, behaviour log-probs, versions, reward) to rollouts.jsonl."""
 
 
 class ModelConfig(ConfigModel):

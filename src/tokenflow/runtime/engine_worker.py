@@ -22,7 +22,7 @@ from tokenflow.runtime.messages import (
     AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, Shutdown,
     WeightsLoaded,
 )
-from tokenflow.runtime.workers import worker_main
+from tokenflow.runtime.workers import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class EngineWorker:
         self.prefill_samples: list[tuple[int, float]] = []
         self.last_status = 0.0
         self.running = True
+        self.parent = ParentWatch()
 
     # ---- commands ------------------------------------------------------------------------
     def handle(self, msg) -> None:
@@ -185,6 +186,9 @@ class EngineWorker:
             if self.engine.has_unfinished() and not self.paused:
                 self.step()
             self.send_status()
+            if self.parent.orphaned():
+                log.warning("%s: the orchestrator is gone; exiting", self.name)
+                break
         self.send_status(force=True)
         if self.receiver is not None:
             self.receiver.close()

@@ -104,6 +104,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume else None)
     backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
+    _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers}})
     try:
         orch = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
         summary = orch.run()

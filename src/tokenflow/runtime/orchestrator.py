@@ -18,6 +18,7 @@ inbox and checks on each turn that all workers are alive, so a failure surfaces 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -170,10 +171,7 @@ class Orchestrator:
             for i, engine in enumerate(self.backend.engines):
                 engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
         elif isinstance(msg, M.WorkerFailed):
-            raise RunFailed(
-                f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}\n"
-                f"Checkpoints in {self.run_dir.root} are intact; continue with "
-                f"`tokenflow train --resume {self.run_dir.root}`")
+            raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
         else:
             raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
 
@@ -181,6 +179,8 @@ class Orchestrator:
         limit = self.cfg.runtime.worker_timeout_s
         now = time.monotonic()
         for name, t in self.last_msg_from.items():
+            if name == self.backend.trainer.name and not self.trainer_busy:
+                continue  # an idle trainer has nothing to say; it answers every Train and Save
             if now - t > limit:
                 raise RunFailed(f"the {name} worker sent nothing for {now - t:.0f}s "
                                 f"(runtime.worker_timeout_s = {limit:g}); it is hung or overloaded")
@@ -208,10 +208,23 @@ class Orchestrator:
         for g in batch:
             self.prompts.pop(g[0].group_id, None)
         self.pending_batch = (prompt_ids, batch_metrics(batch))
+        if self.cfg.run.save_rollouts:
+            self._save_rollouts(step, rollouts)
         if self.blocking:
             self.backend.broadcast(M.SetPaused(True))
         self.trainer_busy = True
+        self.last_msg_from[self.backend.trainer.name] = time.monotonic()
         self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
+
+    def _save_rollouts(self, step: int, rollouts) -> None:
+        with open(self.run_dir.rollouts, "a", encoding="utf-8") as f:
+            for r in rollouts:
+                f.write(json.dumps({
+                    "step": step, "group_id": r.group_id, "prompt_id": r.prompt_id,
+                    "sample_index": r.sample_index, "prompt_ids": r.prompt_ids.tolist(),
+                    "completion_ids": r.completion_ids.tolist(), "logprobs": r.logprobs.tolist(),
+                    "versions": r.versions.tolist(), "reward": r.reward, "failed": r.failed,
+                    "finish_reason": r.finish_reason, "text": r.text}) + "\n")
 
     def _on_trained(self, msg: M.Trained) -> None:
         self.step = msg.step
@@ -271,6 +284,7 @@ class Orchestrator:
         staging = self.run_dir.staging_dir(self.step)
         self._pending_checkpoint = (staging, self.step, self._state(), self.buffer.state_dict())
         self.trainer_busy = True
+        self.last_msg_from[self.backend.trainer.name] = time.monotonic()
         self.backend.trainer.send(M.Save(str(staging)))
 
     def _on_saved(self, msg: M.Saved) -> None:

@@ -4,6 +4,8 @@
       config.toml          resolved config
       metrics.jsonl        one line per optimizer step (and eval rows)
       prompts.jsonl        the prompt ids each step consumed (exact accounting across resume)
+      rollouts.jsonl       every consumed rollout, with run.save_rollouts = true
+      workers.json         name → pid of each worker process of the current invocation
       summary.json         baseline/final accuracy, wall time, steps, idle fractions
       calibration.json     component timings for `tokenflow simulate --calibrate`
       tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json, buffer.pkl}
@@ -31,6 +33,8 @@ class RunDir:
     config = property(lambda self: self.root / "config.toml")
     metrics = property(lambda self: self.root / "metrics.jsonl")
     ledger = property(lambda self: self.root / "prompts.jsonl")
+    rollouts = property(lambda self: self.root / "rollouts.jsonl")
+    workers = property(lambda self: self.root / "workers.json")
     summary = property(lambda self: self.root / "summary.json")
     calibration = property(lambda self: self.root / "calibration.json")
     trace_dir = property(lambda self: self.root / "trace")
@@ -86,7 +90,7 @@ class RunDir:
 
     def truncate_after(self, step: int) -> None:
         """Forget rows logged after ``step`` (work the killed run did past its last checkpoint)."""
-        for path in (self.metrics, self.ledger):
+        for path in (self.metrics, self.ledger, self.rollouts):
             if not path.exists():
                 continue
             rows = [r for r in read_jsonl(path) if r.get("step", 0) <= step]

@@ -7,12 +7,13 @@ sync happens right after a step (every ``sync.every`` steps) and is timed phase 
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from pathlib import Path
 
 from tokenflow.metrics import trace
 from tokenflow.runtime.messages import Envelope, Save, Saved, Shutdown, Train, Trained, TrainerReady
-from tokenflow.runtime.workers import worker_main
+from tokenflow.runtime.workers import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,15 @@ class TrainerWorker:
                                     notify=self.notify_engines, checksum=checksum)
 
     def loop(self) -> None:
+        parent = ParentWatch()
         while True:
-            msg = self.cmd_q.get()
+            try:
+                msg = self.cmd_q.get(timeout=1.0)
+            except queue.Empty:
+                if parent.orphaned():
+                    log.warning("%s: the orchestrator is gone; exiting", self.name)
+                    break
+                continue
             if isinstance(msg, Train):
                 t0 = time.perf_counter()
                 with trace.span("trainer/step", step=msg.step):

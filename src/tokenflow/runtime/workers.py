@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import traceback
 
 from tokenflow.runtime.messages import Envelope, WorkerFailed
@@ -33,6 +34,16 @@ def worker_main(name: str, out_q, body) -> None:
         raise SystemExit(1) from None
 
 
+class ParentWatch:
+    """Lets a worker notice that the orchestrator is gone (killed), so it exits instead of lingering."""
+
+    def __init__(self) -> None:
+        self.parent = os.getppid()
+
+    def orphaned(self) -> bool:
+        return os.getppid() != self.parent
+
+
 class WorkerHandle:
     """A spawned worker process and its command queue."""
 
@@ -41,6 +52,10 @@ class WorkerHandle:
         self.name = name
         self.cmd_q = cmd_q if cmd_q is not None else ctx.Queue()
         self.process = ctx.Process(target=target, args=args, name=f"tokenflow-{name}", daemon=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
 
     def start(self) -> "WorkerHandle":
         self.process.start()

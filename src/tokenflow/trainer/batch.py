@@ -99,12 +99,12 @@ def pack(lengths: list[int], budget: int, packed: bool = True) -> list[list[int]
 
 @dataclass
 class MicroBatch:
-    """One packed row and the flat per-target tensors of its sequences."""
+    """Rows of packed sequences (padded to one width) and the flat per-target tensors."""
 
     seqs: list[TrainSequence]
-    input_ids: torch.Tensor  # [1, L]
-    position_ids: torch.Tensor  # [1, L]
-    target_pos: torch.Tensor  # [n] position in the row whose logits predict each target
+    input_ids: torch.Tensor  # [B, W]
+    position_ids: torch.Tensor  # [B, W]
+    target_pos: torch.Tensor  # [n] flat index (row · W + column) whose logits predict each target
     targets: torch.Tensor  # [n]
     temperature: torch.Tensor  # [n]
     behaviour: torch.Tensor  # [n]
@@ -113,14 +113,16 @@ class MicroBatch:
     versions: torch.Tensor  # [n] policy version of each target
     support_rows: torch.Tensor | None  # targets that carry a support
     support_pairs: tuple[torch.Tensor, torch.Tensor] | None  # (target row, token id) members
+    num_tokens: int = 0
+    """Real (unpadded) tokens forwarded."""
 
     @property
     def num_seqs(self) -> int:
         return len(self.seqs)
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
 
     def per_token(self, per_seq: list[np.ndarray], dtype=torch.float32) -> torch.Tensor:
         """Concatenate per-sequence arrays (indexed by ``TrainSequence.index``) in target order."""
@@ -129,21 +131,40 @@ class MicroBatch:
 
 
 def collate(seqs: list[TrainSequence], device: torch.device | str = "cpu") -> MicroBatch:
-    ids, pos, tpos, sidx = [], [], [], []
-    rows, members, sup_rows = [], [], []
-    offset = n = 0
-    for k, s in enumerate(seqs):
-        ids.append(s.input_ids)
-        pos.append(np.arange(len(s.input_ids)))
-        tpos.append(offset + s.prompt_len - 1 + np.arange(len(s.targets)))
-        sidx.append(np.full(len(s.targets), k))
-        for t, sup in enumerate(s.support or ()):
-            if sup is not None:
-                sup_rows.append(n + t)
-                rows.append(np.full(len(sup), n + t))
-                members.append(np.asarray(sup))
-        offset += len(s.input_ids)
-        n += len(s.targets)
+    """One packed row holding ``seqs`` end to end."""
+    return collate_rows([seqs], device)
+
+
+def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "cpu") -> MicroBatch:
+    """Rows of packed sequences, padded at the end to the widest row.
+
+    Padding gets position ids restarting at 0, so the model reads it as one more (ignored)
+    sequence of the row and no real token attends to it.
+    """
+    width = max(sum(len(s.input_ids) for s in row) for row in rows)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    seqs = [s for row in rows for s in row]
+    tpos, sidx = [], []
+    sup_index, members, sup_rows = [], [], []
+    n = k = 0
+    for b, row in enumerate(rows):
+        offset = 0
+        for s in row:
+            length = len(s.input_ids)
+            ids[b, offset:offset + length] = s.input_ids
+            pos[b, offset:offset + length] = np.arange(length)
+            tpos.append(b * width + offset + s.prompt_len - 1 + np.arange(len(s.targets)))
+            sidx.append(np.full(len(s.targets), k))
+            for t, sup in enumerate(s.support or ()):
+                if sup is not None:
+                    sup_rows.append(n + t)
+                    sup_index.append(np.full(len(sup), n + t))
+                    members.append(np.asarray(sup))
+            offset += length
+            n += len(s.targets)
+            k += 1
+        pos[b, offset:] = np.arange(width - offset)
 
     def t(parts, dtype):
         return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=device)
@@ -151,19 +172,43 @@ def collate(seqs: list[TrainSequence], device: torch.device | str = "cpu") -> Mi
     support_rows = support_pairs = None
     if sup_rows:
         support_rows = torch.tensor(sup_rows, dtype=torch.long, device=device)
-        support_pairs = (t(rows, torch.long), t(members, torch.long))
+        support_pairs = (t(sup_index, torch.long), t(members, torch.long))
     return MicroBatch(
-        seqs=seqs, input_ids=t(ids, torch.long).unsqueeze(0), position_ids=t(pos, torch.long).unsqueeze(0),
+        seqs=seqs, input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(pos).to(device),
         target_pos=t(tpos, torch.long), targets=t([s.targets for s in seqs], torch.long),
         temperature=t([np.full(len(s.targets), s.temperature) for s in seqs], torch.float32),
         behaviour=t([s.behaviour for s in seqs], torch.float32),
         mask=t([s.keep for s in seqs], torch.bool), seq_index=t(sidx, torch.long),
         versions=t([s.versions for s in seqs], torch.long),
         support_rows=support_rows, support_pairs=support_pairs,
+        num_tokens=sum(len(s.input_ids) for s in seqs),
     )
 
 
+def stack_rows(widths: list[int], budget: int, max_rows: int | None = None) -> list[list[int]]:
+    """Group rows (by index) into micro-batches whose padded size rows × widest ≤ ``budget``.
+
+    Rows are taken widest first, so each micro-batch pads little.
+    """
+    groups: list[list[int]] = []
+    for i in sorted(range(len(widths)), key=lambda k: (-widths[k], k)):
+        if groups:
+            g = groups[-1]
+            fits = (len(g) + 1) * widths[g[0]] <= budget
+            if fits and (max_rows is None or len(g) < max_rows):
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
 def micro_batches(seqs: list[TrainSequence], budget: int, packed: bool = True,
-                  device: torch.device | str = "cpu") -> list[MicroBatch]:
-    rows = pack([len(s.input_ids) for s in seqs], budget, packed)
-    return [collate([seqs[i] for i in row], device) for row in rows]
+                  device: torch.device | str = "cpu", row_tokens: int | None = None,
+                  max_rows: int | None = None) -> list[MicroBatch]:
+    """Pack ``seqs`` into rows of at most ``row_tokens`` and stack rows into micro-batches of
+    at most ``budget`` padded tokens (``max_rows=1``: one row per micro-batch)."""
+    row_budget = min(row_tokens or budget, budget)
+    rows = pack([len(s.input_ids) for s in seqs], row_budget, packed)
+    widths = [sum(len(seqs[i].input_ids) for i in row) for row in rows]
+    return [collate_rows([[seqs[i] for i in rows[r]] for r in group], device)
+            for group in stack_rows(widths, budget, max_rows)]

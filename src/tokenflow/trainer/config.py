@@ -45,7 +45,12 @@ class TrainerConfig(ConfigModel):
     The trainer accumulates gradients over as many micro-batches as those rollouts need."""
 
     micro_batch_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one packed micro-batch (prompt + completion tokens forwarded together)."""
+    """Token budget of one micro-batch: packed rows stacked up to rows × widest row ≤ this."""
+
+    pack_row_tokens: int = Field(default=512, ge=1)
+    """Longest packed row. Attention over a packed row uses a block-diagonal mask whose cost
+    grows with the square of the row length, so rows of a few hundred tokens are fastest unless
+    a flash-attention kernel handles packing natively (then raise it to micro_batch_tokens)."""
 
     pack_sequences: bool = True
     """Pack several sequences per forward row (position ids restart per sequence). Turn off for

@@ -72,6 +72,11 @@ class CausalLMRunner:
         self.device = device
         self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
         self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # Rows path: run the decoder, gather the target positions, apply the output head there.
+        # Exact for models whose logits are just head(final hidden state).
+        cfg = model.config
+        scaled = any(getattr(cfg, k, None) for k in _LOGIT_POSTPROCESSING)
+        self.supports_rows = hasattr(model, "get_decoder") and model.get_decoder() is not model and not scaled
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -79,6 +84,10 @@ class CausalLMRunner:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def __call__(self, mb: MicroBatch, want_hidden: bool = False):
+        if self.supports_rows:
+            return self._rows(mb, want_hidden)
+        if mb.num_rows != 1:
+            raise ValueError("this model runs one packed row per micro-batch; build micro-batches with max_rows=1")
         captured: list[torch.Tensor] = []
         hook = None
         if want_hidden:
@@ -98,6 +107,19 @@ class CausalLMRunner:
             logits = logits[mb.target_pos]
             hidden = hidden[mb.target_pos] if hidden is not None else None
         return logits, hidden
+
+
+    def _rows(self, mb: MicroBatch, want_hidden: bool):
+        with self.autocast():
+            out = self.model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids,
+                                           attention_mask=None, use_cache=False)
+            hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[mb.target_pos]
+            logits = self.model.get_output_embeddings()(hidden)
+        return logits, (hidden if want_hidden else None)
+
+
+# Config attributes of models that scale or cap logits after the output head.
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 def frozen_copy(model):

@@ -116,7 +116,7 @@ class Trainer:
         train = [s for s in seqs if s.num_loss_tokens > 0]
         counts = global_counts or GlobalCounts(sum(s.num_loss_tokens for s in train), len(train))
         acc = Accumulator()
-        batches = micro_batches(train, self.config.micro_batch_tokens, self.config.pack_sequences, self.device)
+        batches = self._micro_batches(train)
         for mb in batches:
             self._accumulate(mb, adv, prox, old_values, counts, acc)
         if not batches:
@@ -135,6 +135,12 @@ class Trainer:
             "time/train_s": elapsed,
         })
         return metrics
+
+    def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
+        c = self.config
+        rows_ok = all(r.supports_rows for r in (self.runner, self.ref_runner) if r is not None)
+        return micro_batches(seqs, c.micro_batch_tokens, c.pack_sequences, self.device,
+                             row_tokens=c.pack_row_tokens, max_rows=None if rows_ok else 1)
 
     def _sequences(self, live: list[Rollout]) -> list[TrainSequence]:
         alg = self.algorithm
@@ -168,7 +174,7 @@ class Trainer:
     def _score(self, seqs: list[TrainSequence], n: int, with_values: bool):
         logps = [np.zeros(0, dtype=np.float32)] * n
         values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
-        for mb in micro_batches(seqs, self.config.micro_batch_tokens, self.config.pack_sequences, self.device):
+        for mb in self._micro_batches(seqs):
             logits, hidden = self.runner(mb, want_hidden=with_values)
             lp, _ = token_logprobs(logits, mb.targets, mb.temperature, self._keep_mask(mb, logits.shape[-1]),
                                    with_entropy=False)

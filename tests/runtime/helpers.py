@@ -1,0 +1,56 @@
+"""Helpers for runtime tests: small runs of the real runtime on the shipped default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tokenflow.config.loading import load_config
+from tokenflow.config.root import TrainConfig
+from tokenflow.metrics.sinks import read_jsonl
+
+SMALL = [
+    "--run.steps", "4", "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
+    "--run.eval_limit", "24", "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]',
+    "--engine.threads", "1", "--trainer.threads", "1", "--engine.device", "cpu", "--trainer.device", "cpu",
+    "--sampling.max_tokens", "64", "--trainer.lr", "3e-4",
+]
+
+
+def small_config(*overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, None, [*SMALL, *overrides])
+
+
+def step_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss/total" in r]
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / "prompts.jsonl")
+
+
+def start_cli(args: list[str], log: Path) -> subprocess.Popen:
+    """`tokenflow train ...` in its own process group (so a test can kill the whole tree)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "tokenflow.cli.main", "train", *args],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def workers(run_dir: Path) -> dict[str, int]:
+    return json.loads((run_dir / "workers.json").read_text())
