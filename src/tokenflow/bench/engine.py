@@ -83,6 +83,7 @@ def _run_engine(args, hf_model, prompts, max_tokens) -> dict:
     import time
 
     from tokenflow.engine import Engine, EngineConfig, SamplingParams
+    from tokenflow.engine.stats import EngineStats
 
     config = EngineConfig(device=args.device, dtype=args.dtype, threads=args.threads,
                           max_num_seqs=args.max_num_seqs, seed=args.seed)
@@ -90,7 +91,7 @@ def _run_engine(args, hf_model, prompts, max_tokens) -> dict:
     params = [SamplingParams(temperature=1.0, n=args.samples, max_tokens=m, ignore_eos=True)
               for m in max_tokens]
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    engine.stats.__init__()
+    engine.stats = EngineStats()
     start = time.perf_counter()
     results = engine.generate(prompts, params)
     seconds = time.perf_counter() - start

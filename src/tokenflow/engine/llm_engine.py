@@ -181,7 +181,10 @@ class Engine:
         others: list[Rollout] = []
         remaining = sum(g.n for g in groups)
         while remaining:
-            for rollout in self.step():
+            finished = self.step()
+            if not finished and self._paused:
+                time.sleep(0.01)  # paused from another thread: wait for resume() without spinning
+            for rollout in finished:
                 i = index.get(rollout.request_id)
                 if i is None:
                     others.append(rollout)
