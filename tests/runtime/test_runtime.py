@@ -85,3 +85,20 @@ def test_inflight_updates_lose_nothing_and_tag_versions(tmp_path, default_model)
     assert checked > 0
     summary_file = json.loads((run / "summary.json").read_text())
     assert summary_file["final_accuracy"] == summary["final_accuracy"]
+
+
+@pytest.mark.parametrize("mode", ["abort", "drain", "blocking"])
+def test_every_update_mode_trains_whole_groups(tmp_path, mode):
+    run = tmp_path / "run"
+    cfg = small_config("--rollout.max_staleness", "1", "--run.steps", "3", "--engine.update_mode", mode,
+                       "--run.checkpoint_every", "0", "--run.save_rollouts", "true")
+    summary = train(cfg, run)
+    assert summary["steps"] == 3 and summary["update_mode"] == mode
+    rows = step_rows(run)
+    assert all(r["rollout/count"] == 16 for r in rows)
+    for ro in read_jsonl(run / "rollouts.jsonl"):
+        versions = np.array(ro["versions"])
+        assert len(versions) == len(ro["completion_ids"]) == len(ro["logprobs"])
+        assert np.all(np.diff(versions) >= 0) and versions.max() < ro["step"]
+        if mode == "drain":
+            assert len(set(ro["versions"])) == 1  # no rollout spans a weight swap

@@ -111,7 +111,9 @@ class EngineWorker:
         msg = self.pending_weights.pop(0)
         t0 = time.perf_counter()
         with trace.span("engine/weight_swap", version=msg.version, mode=self.mode):
-            mode = "drain" if self.mode == "blocking" else self.mode
+            # Blocking: generation is paused while the trainer steps, so swap at once (a drain
+            # would wait for paused sequences forever).
+            mode = "inflight" if self.mode == "blocking" else self.mode
             self.engine.update_weights(self.receiver.tensors(), msg.version, mode=mode,
                                        checksum=msg.checksum)
         # The pause: decoding stops only for this call (a drain's swap happens later, in step()).
