@@ -31,7 +31,7 @@ def rollout(text: str, i: int) -> Rollout:
 
 
 def test_failures_are_per_sample(rewards):
-    pool = ScorerPool(f"{rewards}:by_text", workers=2, timeout_s=2.0)
+    pool = ScorerPool(f"{rewards}:by_text", workers=2, timeout_s=1.0)
     try:
         group = [rollout(t, i) for i, t in enumerate(["yes", "no", "raise", "hang"])]
         pool.submit(group, "p", {"want": "yes"}, group_id=7)

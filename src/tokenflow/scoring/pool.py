@@ -1,9 +1,11 @@
 """Scoring in a pool of worker processes with a per-sample timeout.
 
-Each sample is one task in a `pebble` process pool: a reward function that hangs past the
-timeout has its worker killed and replaced, and that sample alone is marked failed. A reward
-function that raises marks its sample failed with the error kept in ``rollout.info``. Either
-way the run goes on; failures are counted and logged.
+A group is scored as one task in a `pebble` process pool (one round trip for its n samples).
+If that task runs past n × the per-sample timeout, its worker is killed and replaced and the
+group is scored again one sample per task, each with the per-sample timeout, so a reward
+function that hangs fails only its own sample. A reward function that raises marks its sample
+failed with the error kept in ``rollout.info``. Either way the run goes on; failures are
+counted and logged.
 
 Workers load the reward function themselves from its ``module:function`` name (the pool's
 initializer), so nothing but strings and small dicts crosses the process boundary.
@@ -37,6 +39,17 @@ def _score_one(prompt: str, completion: str, example: dict) -> dict[str, float]:
     return normalise_reward(out)
 
 
+def _score_group(prompt: str, completions: list[str], example: dict) -> list:
+    """Rewards of every completion; an exception becomes its message (that sample fails)."""
+    out = []
+    for c in completions:
+        try:
+            out.append(_score_one(prompt, c, example))
+        except Exception as e:  # noqa: BLE001 - the user's reward function may raise anything
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
 def normalise_reward(out) -> dict[str, float]:
     """A reward function's return value as ``{"reward": float, other components...}``."""
     if isinstance(out, dict):
@@ -51,7 +64,10 @@ class _Pending:
     group: list[Rollout]
     futures: list
     started: float
+    prompt: str
+    example: dict
     meta: dict = field(default_factory=dict)
+    per_sample: bool = False
 
 
 class ScorerPool:
@@ -70,9 +86,16 @@ class ScorerPool:
         self.scored = 0
 
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
-        futures = [self._pool.schedule(_score_one, args=(prompt_text, r.text or "", example),
-                                       timeout=self.timeout_s) for r in group]
-        self._pending.append(_Pending(group, futures, time.time(), meta))
+        texts = [r.text or "" for r in group]
+        future = self._pool.schedule(_score_group, args=(prompt_text, texts, example),
+                                     timeout=self.timeout_s * len(group))
+        self._pending.append(_Pending(group, [future], time.time(), prompt_text, example, meta))
+
+    def _rescore_per_sample(self, p: _Pending) -> None:
+        """The group task timed out: find the hanging sample(s), one task per sample."""
+        p.futures = [self._pool.schedule(_score_one, args=(p.prompt, r.text or "", p.example),
+                                         timeout=self.timeout_s) for r in p.group]
+        p.per_sample = True
 
     @property
     def num_pending(self) -> int:
@@ -81,25 +104,42 @@ class ScorerPool:
     def poll(self) -> list[tuple[list[Rollout], dict]]:
         done, still = [], []
         for p in self._pending:
-            if all(f.done() for f in p.futures):
-                self._finish(p)
-                done.append((p.group, p.meta))
-            else:
+            if not all(f.done() for f in p.futures):
                 still.append(p)
+                continue
+            if not p.per_sample and isinstance(p.futures[0].exception(), FutureTimeout):
+                self._rescore_per_sample(p)
+                still.append(p)
+                continue
+            self._finish(p)
+            done.append((p.group, p.meta))
         self._pending = still
         return done
 
     def _finish(self, p: _Pending) -> None:
-        for r, f in zip(p.group, p.futures):
+        if p.per_sample:
+            results = []
+            for f in p.futures:
+                try:
+                    results.append(f.result())
+                except FutureTimeout:
+                    results.append(None)
+                except Exception as e:  # noqa: BLE001 - the user's reward function may raise anything
+                    results.append(f"{type(e).__name__}: {e}")
+        else:
             try:
-                rewards = f.result()
-                r.rewards = rewards
-                r.reward = rewards["reward"]
-            except FutureTimeout:
+                results = p.futures[0].result()
+            except Exception as e:  # noqa: BLE001 - e.g. the worker crashed (os._exit, segfault)
+                results = [f"{type(e).__name__}: {e}"] * len(p.group)
+        for r, res in zip(p.group, results):
+            if res is None:
                 self._fail(r, f"reward function exceeded {self.timeout_s:g}s")
                 self.timeouts += 1
-            except Exception as e:  # noqa: BLE001 - the user's reward function may raise anything
-                self._fail(r, f"{type(e).__name__}: {e}")
+            elif isinstance(res, str):
+                self._fail(r, res)
+            else:
+                r.rewards = res
+                r.reward = res["reward"]
             self.scored += 1
         trace.record("scorer/group", p.started, time.time() - p.started, n=len(p.group))
 
