@@ -47,10 +47,12 @@ class LlamaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        # As transformers: normalise in float32, cast back, then scale (one fused kernel in
+        # float32, where the casts are no-ops).
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        h = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class LlamaMLP(nn.Module):
@@ -76,25 +78,24 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim_of(config)
         self.scaling = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = MergedLinear(
             config.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
             bias=flags.qkv_bias,
         )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=flags.o_bias)
 
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return q, k
+    def rotate_qk(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on the query and key heads (adjacent in the fused projection: one pass)."""
+        qk = apply_rope(qk, cos, sin)
+        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads:]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: AttentionContext, layer: int) -> torch.Tensor:
         n, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(n, t, self.num_heads, self.head_dim)
-        k = k.view(n, t, self.num_kv_heads, self.head_dim)
-        v = v.view(n, t, self.num_kv_heads, self.head_dim)
-        q, k = self.norm_qk(q, k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        heads = self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(x).view(n, t, heads + self.num_kv_heads, self.head_dim)
+        q, k = self.rotate_qk(qkv[:, :, :heads], cos, sin)
+        v = qkv[:, :, heads:]
         if ctx.kind == "decode":
             out = decode_attention(q[:, 0], k[:, 0], v[:, 0], ctx, layer, self.scaling)
         else:

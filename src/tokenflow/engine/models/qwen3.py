@@ -14,6 +14,7 @@ from tokenflow.engine.models.llama import (
     head_dim_of,
     layer_types_window,
 )
+from tokenflow.engine.models.rope import apply_rope
 
 
 class Qwen3Attention(LlamaAttention):
@@ -22,8 +23,9 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = LlamaRMSNorm(head_dim_of(config), config.rms_norm_eps)
         self.k_norm = LlamaRMSNorm(head_dim_of(config), config.rms_norm_eps)
 
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.q_norm(q), self.k_norm(k)
+    def rotate_qk(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads:]
+        return apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

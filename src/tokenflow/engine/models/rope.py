@@ -54,19 +54,22 @@ def inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 def rope_tables(config, head_dim: int, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``[max_len, head_dim]`` in ``dtype``."""
+    """cos and signed-sin tables ``[max_len, head_dim]`` in ``dtype``.
+
+    The sin table carries rotate-half's sign (its first half negated), so that
+    ``rotate_half(x) * sin == x.roll(head_dim // 2, -1) * signed_sin`` exactly (a sign flip is
+    exact in floating point) with one kernel fewer."""
     inv_freq, scaling = inverse_frequencies(config, head_dim)
     positions = torch.arange(max_len, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+    cos, sin = emb.cos() * scaling, emb.sin() * scaling
+    half = head_dim // 2
+    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return cos.to(dtype), signed_sin.to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x`` [N, T, heads, D]; ``cos``/``sin`` [N, T, 1, D]."""
-    return x * cos + rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x`` [N, T, heads, D]; ``cos``/``signed_sin`` [N, T, 1, D]. Same values as
+    transformers' ``x * cos + rotate_half(x) * sin``."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
