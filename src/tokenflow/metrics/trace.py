@@ -4,10 +4,12 @@ Every process calls :func:`configure` once with its own file and name; instrumen
 work in ``with span("engine/decode", seqs=n): ...``. When tracing is off (the default) a span is
 a shared no-op object, so instrumentation costs one attribute lookup and one branch.
 
-Events are buffered in memory and appended to ``<dir>/<process>.jsonl`` (one JSON event per
-line) every ``flush_every`` events and at exit; :func:`merge` joins the per-process files into one
+Events are buffered in memory and appended to ``<dir>/<process>-<pid>.jsonl`` (one JSON event
+per line) every ``flush_every`` events, every ``flush_interval_s`` seconds and at exit (including
+a multiprocessing worker's exit on SIGTERM); :func:`merge` joins the per-process files into one
 ``trace.json``. Timestamps are wall-clock microseconds so spans from different processes line
-up on one axis.
+up on one axis. Serialisation happens only at flush time, so the cost on the hot path is one
+dict and one list append per event.
 """
 
 from __future__ import annotations
@@ -21,35 +23,44 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-
 class _Tracer:
-    def __init__(self, path: Path, process_name: str, flush_every: int = 2000) -> None:
+    def __init__(self, path: Path, process_name: str, flush_every: int = 2000,
+                 flush_interval_s: float = 10.0) -> None:
         self.path = path
+        self.dir = path.parent
         self.pid = os.getpid()
         self.process_name = process_name
         self.flush_every = flush_every
+        self.flush_interval_s = flush_interval_s
+        self.last_flush = time.monotonic()
         self.events: list[dict] = []
-        self.lock = threading.Lock()
+        # Re-entrant: a worker's SIGTERM handler may flush while this thread is inside _emit.
+        self.lock = threading.RLock()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._emit({"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                     "args": {"name": process_name}})
         atexit.register(self.flush)
+        # multiprocessing workers leave through os._exit (atexit skipped) after running these.
+        from multiprocessing import util
+
+        util.Finalize(None, self.flush, exitpriority=100)
 
     def _emit(self, event: dict) -> None:
         with self.lock:
             self.events.append(event)
-            full = len(self.events) >= self.flush_every
-        if full:
+            n = len(self.events)
+        if n >= self.flush_every or time.monotonic() - self.last_flush > self.flush_interval_s:
             self.flush()
 
     def flush(self) -> None:
         with self.lock:
             events, self.events = self.events, []
+            self.last_flush = time.monotonic()
         if not events:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             for e in events:
-                f.write(json.dumps(e, separators=(",", ":")) + "\n")
+                f.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
 
     def complete(self, name: str, start_s: float, dur_s: float, args: dict | None) -> None:
         ev = {"name": name, "ph": "X", "ts": start_s * 1e6, "dur": dur_s * 1e6,
@@ -64,12 +75,18 @@ class _Tracer:
         self._emit({"name": name, "ph": "C", "ts": time.time() * 1e6, "pid": self.pid,
                     "tid": 0, "args": values})
 
+    def thread_name(self, pid: int, tid: int, name: str) -> None:
+        self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+
 
 _tracer: _Tracer | None = None
 
 
-def configure(trace_dir: str | os.PathLike | None, process_name: str) -> None:
-    """Turn tracing on for this process (``trace_dir`` set) or off (``None``)."""
+def configure(trace_dir: str | os.PathLike | None, process_name: str, **options) -> None:
+    """Turn tracing on for this process (``trace_dir`` set) or off (``None``).
+
+    ``options`` go to the tracer: ``flush_every`` (events) and ``flush_interval_s``.
+    """
     global _tracer
     if _tracer is not None:
         _tracer.flush()
@@ -77,11 +94,16 @@ def configure(trace_dir: str | os.PathLike | None, process_name: str) -> None:
         _tracer = None
         return
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in process_name)
-    _tracer = _Tracer(Path(trace_dir) / f"{safe}-{os.getpid()}.jsonl", process_name)
+    _tracer = _Tracer(Path(trace_dir) / f"{safe}-{os.getpid()}.jsonl", process_name, **options)
 
 
 def enabled() -> bool:
     return _tracer is not None
+
+
+def trace_dir() -> Path | None:
+    """The folder this process traces into (to hand to child processes), or None when off."""
+    return _tracer.dir if _tracer is not None else None
 
 
 class _Span:
@@ -125,6 +147,20 @@ def record(name: str, start_s: float, dur_s: float, **args) -> None:
     """Record a span measured elsewhere (start in ``time.time()`` seconds)."""
     if _tracer is not None:
         _tracer.complete(name, start_s, dur_s, args)
+
+
+def record_on(name: str, start_s: float, dur_s: float, pid: int, tid: int, **args) -> None:
+    """Record a span on another process's or a named thread's track (e.g. the trainer's idle
+    time, which only the orchestrator sees); name the track once with :func:`name_thread`."""
+    if _tracer is not None:
+        _tracer._emit({"name": name, "cat": name.split("/", 1)[0], "ph": "X", "ts": start_s * 1e6,
+                       "dur": dur_s * 1e6, "pid": pid, "tid": tid, "args": args})
+
+
+def name_thread(pid: int, tid: int, name: str) -> None:
+    """Give a track (pid, tid) a name in the viewer."""
+    if _tracer is not None:
+        _tracer.thread_name(pid, tid, name)
 
 
 def counter(name: str, **values: float) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from tokenflow.buffer import RolloutBuffer
 from tokenflow.evaluation import encode_prompt
 from tokenflow.metrics import trace
+from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
 from tokenflow.runtime.calibration_log import CalibrationLog
 from tokenflow.runtime.progress import Progress
@@ -129,7 +130,6 @@ class Orchestrator:
             self.prompts[gid] = prompt
             seed = request_seed(self.cfg.run.seed, prompt.id)
             self._send_generate(gid, prompt, "train", dataclasses.replace(self.train_params, seed=seed))
-        trace.counter("buffer/fill", fill=self.buffer.fill, ready=self.buffer.num_ready)
 
     # ---- message handling ------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
@@ -350,6 +350,7 @@ class Orchestrator:
             self.last_step_wall = self.wall_offset
             self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
             self.idle.start(self.engine_totals)
+            run_trace = run_tracer(self)  # buffer waits, trainer idle, counters (no-op when off)
             for gid, prompt in sorted(self.prompts.items()):  # resumed in-flight groups
                 if gid not in self.buffer.ready:
                     seed = request_seed(cfg.run.seed, prompt.id)
@@ -358,7 +359,9 @@ class Orchestrator:
                 self.admit()
                 self.collect_scored()
                 self.maybe_dispatch()
+                run_trace.tick()
                 self.pump(0.005 if self.scorer.num_pending else 0.02)
+                run_trace.tick()
                 if cfg.run.eval_every and self.step and self.step % cfg.run.eval_every == 0 \
                         and self.step < cfg.run.steps and self._evaluated_at != self.step:
                     self._evaluated_at = self.step
@@ -392,4 +395,5 @@ class Orchestrator:
             "tokens_generated": self.engine_totals.total("tokens"),
             "in_flight_prompt_ids": sorted(self.buffer.in_flight.values()),
             "last_reward_mean": self.last_progress.get("reward"),
+            "token_age_histogram": {str(a): c for a, c in sorted(self.buffer.stats.age_histogram.items())},
         }

@@ -27,15 +27,19 @@ log = logging.getLogger(__name__)
 _reward_fn = None
 
 
-def _init_worker(reward_spec: str) -> None:
+def _init_worker(reward_spec: str, trace_dir: str | None = None) -> None:
     global _reward_fn
     from tokenflow.tasks.reward_loading import load_reward_fn
 
+    # pebble ends workers with SIGTERM (at close, on a timeout), which runs the flush; a SIGKILL
+    # would lose what is buffered, so keep at most a second of events.
+    trace.configure(trace_dir, "scorer", flush_every=256, flush_interval_s=1.0)
     _reward_fn = load_reward_fn(reward_spec)
 
 
 def _score_one(prompt: str, completion: str, example: dict) -> dict[str, float]:
-    out = _reward_fn(prompt, completion, example)
+    with trace.span("scorer/score"):
+        out = _reward_fn(prompt, completion, example)
     return normalise_reward(out)
 
 
@@ -78,8 +82,10 @@ class ScorerPool:
 
         self.timeout_s = timeout_s
         # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
+        tdir = trace.trace_dir()  # scorer processes trace into the run's folder too
         self._pool = ProcessPool(max_workers=workers, initializer=_init_worker,
-                                 initargs=(reward_spec,), context=mp.get_context("spawn"))
+                                 initargs=(reward_spec, str(tdir) if tdir else None),
+                                 context=mp.get_context("spawn"))
         self._pending: list[_Pending] = []
         self.failed = 0
         self.timeouts = 0
