@@ -124,3 +124,22 @@ def test_abort_and_drain():
     assert sched.schedule() is None and sched.num_waiting == 1
     sched.admitting = True
     assert sched.schedule().kind == "prefill"
+
+
+def test_kv_cache_grows_in_place_and_stops_at_what_sequences_can_reach():
+    import torch
+
+    from tokenflow.engine.kv_cache import KVCache
+
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, max_slots=16, max_len=300,
+                    dtype=torch.float32, device=torch.device("cpu"), growth=64)
+    assert (cache.slots, cache.capacity) == (8, 64)  # slots round up to 8
+    cache.k[1][0, 0, 5] = torch.tensor([1.0, 2.0])
+    cache.ensure(3, 65)
+    assert (cache.slots, cache.capacity) == (8, 128) and cache.k[1][0, 0, 5].tolist() == [1.0, 2.0]
+    assert cache.k[1].abs().sum() == 3 and cache.v[0].abs().sum() == 0  # new space is zeroed
+    cache.ensure(3, 129, longest=150)  # doubling would give 256
+    assert cache.capacity == 192
+    cache.k[0][2, 0, 7] = 4.0
+    cache.move(2, 0, 8)
+    assert cache.k[0][0, 0, 7].tolist() == [4.0, 4.0]

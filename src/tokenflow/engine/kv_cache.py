@@ -75,10 +75,12 @@ class KVCache:
         self.v: list[torch.Tensor] = []
         self.ensure(1, min(growth, max_len))
 
-    def ensure(self, num_slots: int, length: int) -> None:
-        """Make room for ``num_slots`` slots of ``length`` positions, keeping the contents."""
+    def ensure(self, num_slots: int, length: int, longest: int | None = None) -> None:
+        """Make room for ``num_slots`` slots of ``length`` positions, keeping the contents.
+        ``longest``, the most positions any live sequence can reach, caps the doubling."""
         slots = grown(num_slots, self.slots, self.max_slots, 8)
-        cap = grown(length, self.capacity, self.max_len, self.growth)
+        limit = self.max_len if longest is None else min(self.max_len, max(longest, length))
+        cap = grown(length, self.capacity, limit, self.growth)
         if slots == self.slots and cap == self.capacity:
             return
         kvh, hd = self.shape_tail

@@ -60,7 +60,12 @@ class ModelRunner:
         ids = self._long([[s.token_ids[-1]] for s in seqs])
         positions = self._long([s.num_tokens - 1 for s in seqs])
         length = int(positions.max()) + 1
-        self.cache.ensure(batch, length)
+        if length > self.cache.capacity:
+            # Grow no further than the running sequences can get (prompt + max_tokens).
+            longest = max(s.num_prompt_tokens + s.params.max_tokens for s in seqs) - 1
+            self.cache.ensure(batch, length, longest)
+        else:
+            self.cache.ensure(batch, length)
         past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
         key_bias = torch.zeros(batch, 1, length, dtype=self.dtype, device=self.device)
         key_bias.masked_fill_(past_end[:, None, :], float("-inf"))
