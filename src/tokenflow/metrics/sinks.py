@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 from pathlib import Path
 from typing import Protocol
 
@@ -27,12 +28,16 @@ class MetricSink(Protocol):
 
 
 def _clean(metrics: dict) -> dict:
+    """Finite real scalars only, as plain Python numbers (NumPy scalars included; NaN/inf and
+    non-numbers dropped)."""
     out = {}
     for k, v in metrics.items():
         if isinstance(v, bool):
             v = float(v)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[k] = v
+        if isinstance(v, numbers.Real):
+            v = v if type(v) in (int, float) else float(v)
+            if math.isfinite(v):
+                out[k] = v
     return out
 
 
@@ -56,7 +61,8 @@ class TensorBoardSink:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: on resume, TensorBoard hides events the killed run logged past the checkpoint.
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        # flush_secs: a live TensorBoard (and a killed run's files) lag at most this much.
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=10)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for k, v in _clean(metrics).items():
@@ -73,8 +79,9 @@ class WandbSink:
             import wandb
         except ImportError:
             raise RuntimeError('metrics sink "wandb" needs W&B: pip install "tokenflow-rl[wandb]"') from None
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
-                              reinit="finish_previous")
+        # Files go to <run_dir>/wandb/. Each run is finished in close(), so several runs in one
+        # process (bench pipeline) need no reinit option.
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)

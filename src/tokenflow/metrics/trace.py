@@ -59,8 +59,7 @@ class _Tracer:
         if not events:
             return
         with open(self.path, "a", encoding="utf-8") as f:
-            for e in events:
-                f.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
+            f.writelines(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
 
     def complete(self, name: str, start_s: float, dur_s: float, args: dict | None) -> None:
         ev = {"name": name, "ph": "X", "ts": start_s * 1e6, "dur": dur_s * 1e6,
@@ -107,13 +106,13 @@ def trace_dir() -> Path | None:
 
 
 class _Span:
-    __slots__ = ("name", "args", "start")
+    __slots__ = ("args", "name", "start")
 
     def __init__(self, name: str, args: dict) -> None:
         self.name = name
         self.args = args
 
-    def __enter__(self) -> "_Span":
+    def __enter__(self) -> _Span:
         self.start = time.time()
         return self
 
@@ -126,7 +125,7 @@ class _Span:
 class _NoSpan:
     __slots__ = ()
 
-    def __enter__(self) -> "_NoSpan":
+    def __enter__(self) -> _NoSpan:
         return self
 
     def __exit__(self, *exc) -> None:

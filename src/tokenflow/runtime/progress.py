@@ -18,8 +18,11 @@ def _fmt(info: dict) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, start: int = 0, description: str = "train", enabled: bool = True) -> None:
+    def __init__(self, total: int, start: int = 0, description: str = "train", enabled: bool = True,
+                 unit: str = "step") -> None:
         self.total = total
+        self.unit = unit
+        self.description = description
         self.done = start
         self.t0 = time.monotonic()
         self.start = start
@@ -53,7 +56,8 @@ class Progress:
             elapsed = time.monotonic() - self.t0
             rate = (step - self.start) / max(elapsed, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else float("nan")
-            log.info("step %d/%d  %s  (%.0fs, ETA %.0fs)", step, self.total, _fmt(info), elapsed, eta)
+            log.info("%s: %s %d/%d  %s  (%.0fs, ETA %.0fs)", self.description, self.unit, step, self.total,
+                     _fmt(info), elapsed, eta)
 
     def close(self) -> None:
         if self._bar is not None:
