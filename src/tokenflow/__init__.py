@@ -6,7 +6,7 @@ only when the object that needs them is first used.
 
 from __future__ import annotations
 
-import importlib
+from tokenflow._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -20,12 +20,4 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tokenflow' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)

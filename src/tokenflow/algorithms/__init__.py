@@ -4,23 +4,18 @@ Pure functions over NumPy arrays (advantages) and flat per-token tensors (losses
 checked against a hand computation without a model. Definitions: ``docs/algorithms.md``.
 """
 
-from tokenflow.algorithms.advantages import (
-    ADVANTAGES,
-    AdvantageInputs,
-    AdvantageResult,
-    compute_advantages,
-    estimate,
-)
-from tokenflow.algorithms.aggregation import GlobalCounts, aggregate, token_weights
+from tokenflow._lazy import lazy_getattr
 from tokenflow.algorithms.config import AlgorithmConfig
-from tokenflow.algorithms.corrections import apply_corrections, version_keep
-from tokenflow.algorithms.kl import token_kl
-from tokenflow.algorithms.losses import POLICY_LOSSES, value_loss
-from tokenflow.algorithms.objective import LossTerms, TokenInputs, micro_batch_loss
 
-__all__ = [
-    "ADVANTAGES", "AdvantageInputs", "AdvantageResult", "AlgorithmConfig", "GlobalCounts",
-    "LossTerms", "POLICY_LOSSES", "TokenInputs", "aggregate", "apply_corrections",
-    "compute_advantages", "estimate", "micro_batch_loss", "token_kl", "token_weights",
-    "value_loss", "version_keep",
-]
+# Everything else imports torch; it loads on first use so that reading a config stays light.
+_EXPORTS = {
+    **dict.fromkeys(["ADVANTAGES", "AdvantageInputs", "AdvantageResult", "compute_advantages", "estimate"],
+                    "tokenflow.algorithms.advantages"),
+    **dict.fromkeys(["GlobalCounts", "aggregate", "token_weights"], "tokenflow.algorithms.aggregation"),
+    **dict.fromkeys(["apply_corrections", "version_keep"], "tokenflow.algorithms.corrections"),
+    "token_kl": "tokenflow.algorithms.kl",
+    **dict.fromkeys(["POLICY_LOSSES", "value_loss"], "tokenflow.algorithms.losses"),
+    **dict.fromkeys(["LossTerms", "TokenInputs", "micro_batch_loss"], "tokenflow.algorithms.objective"),
+}
+__getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
+__all__ = ["AlgorithmConfig", *_EXPORTS]

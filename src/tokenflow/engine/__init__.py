@@ -7,19 +7,16 @@ Layout (one concept per file): `config` (EngineConfig), `sampling_params`, `sequ
 (the `RolloutEngine` protocol every engine implements).
 """
 
-from tokenflow.engine.base import RolloutEngine
+from tokenflow._lazy import lazy_getattr
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
-from tokenflow.engine.llm_engine import Engine
 from tokenflow.engine.sampling_params import SamplingParams
-from tokenflow.engine.weights import weights_checksum
 
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "InvalidRequest",
-    "RolloutEngine",
-    "SamplingParams",
-    "WeightUpdateError",
-    "weights_checksum",
-]
+# The engine itself imports torch; it loads on first use so that reading a config stays light.
+_EXPORTS = {
+    "Engine": "tokenflow.engine.llm_engine",
+    "RolloutEngine": "tokenflow.engine.base",
+    "weights_checksum": "tokenflow.engine.weights",
+}
+__getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
+__all__ = ["EngineConfig", "InvalidRequest", "SamplingParams", "WeightUpdateError", *_EXPORTS]
