@@ -113,8 +113,9 @@ def _run_hf(args, hf_model, prompts, max_tokens) -> dict:
 
     longest = max(len(p) for p in prompts)
     pad = 0
-    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    device = next(hf_model.parameters()).device
+    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device)
     hf_model.generation_config.eos_token_id = None
     kwargs = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
               "max_new_tokens": max(max_tokens), "num_return_sequences": args.samples,
@@ -123,6 +124,8 @@ def _run_hf(args, hf_model, prompts, max_tokens) -> dict:
         hf_model.generate(ids[:2], attention_mask=mask[:2], **{**kwargs, "max_new_tokens": 4})
         start = time.perf_counter()
         out = hf_model.generate(ids, attention_mask=mask, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     generated = out.shape[1] - longest
     if generated != max(max_tokens):
@@ -142,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     hf_model, source = _load_model(args)
     if args.dtype == "bfloat16":
         hf_model = hf_model.to(torch.bfloat16)
+    if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
+        hf_model = hf_model.to("cuda")  # both sides on the same device
     vocab = hf_model.config.vocab_size
     prompts, max_tokens = _workload(args, vocab)
     params_m = sum(p.numel() for p in hf_model.parameters()) / 1e6
@@ -165,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         "max_tokens_max": max(max_tokens),
         "threads": torch.get_num_threads(),
         "dtype": args.dtype,
+        "device": str(next(hf_model.parameters()).device),
         "load_average": os.getloadavg()[0],
         "repeat": args.repeat,
         "engine_seconds": round(eng["seconds"], 3),
