@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from tests.engine.engine_testlib import VOCAB, hf_model, make_engine
-from tokenflow.engine import Engine, EngineConfig, InvalidRequest, SamplingParams
+from tokenflow.engine import (
+    Engine,
+    EngineConfig,
+    InvalidRequest,
+    RolloutEngine,
+    SamplingParams,
+)
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +163,7 @@ def test_threads_and_stats(hf):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+    assert isinstance(engine, RolloutEngine)
     engine.generate([[3, 4, 5], [6, 7]], SamplingParams(n=2, max_tokens=4, ignore_eos=True))
     st = engine.stats
     assert st.tokens_generated == 16 and st.prefill_tokens == 5

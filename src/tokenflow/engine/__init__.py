@@ -19,4 +19,5 @@ _EXPORTS = {
     "weights_checksum": "tokenflow.engine.weights",
 }
 __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
-__all__ = ["EngineConfig", "InvalidRequest", "SamplingParams", "WeightUpdateError", *_EXPORTS]
+__all__ = ["Engine", "EngineConfig", "InvalidRequest", "RolloutEngine", "SamplingParams",
+           "WeightUpdateError", "weights_checksum"]
