@@ -10,7 +10,13 @@ import pytest
 
 from tests.metrics.wandb_records import history
 from tokenflow.config.sections import MetricsConfig
-from tokenflow.metrics.sinks import JsonlSink, MetricLogger, TensorBoardSink, build_logger, read_jsonl
+from tokenflow.metrics.sinks import (
+    JsonlSink,
+    MetricLogger,
+    TensorBoardSink,
+    build_logger,
+    read_jsonl,
+)
 
 
 def tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
