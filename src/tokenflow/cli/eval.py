@@ -41,6 +41,34 @@ def locate(path: str) -> tuple[str, Path | None]:
     raise SystemExit(f"error: {p} is not a model folder, a checkpoint or a run folder")
 
 
+def generate_with_progress(engine, max_tokens: int, stop: tuple[str, ...]):
+    """A greedy ``generate`` for ``accuracy_of`` that shows a progress bar on stderr: every prompt
+    is queued at once (continuous batching as in ``Engine.generate``), then the engine steps."""
+    from tokenflow.engine import SamplingParams
+    from tokenflow.runtime.progress import Progress
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop)
+
+    def generate(prompt_ids: list[list[int]]) -> list[str]:
+        index = {engine.add_request(p, params): i for i, p in enumerate(prompt_ids)}
+        texts = [""] * len(prompt_ids)
+        bar = Progress(len(prompt_ids), description="eval", unit="prompt")
+        done = 0
+        try:
+            while done < len(prompt_ids):
+                finished = [r for r in engine.step() if r.request_id in index]
+                for r in finished:
+                    texts[index[r.request_id]] = r.text or ""
+                if finished:
+                    done += len(finished)
+                    bar.update(done, {})
+        finally:
+            bar.close()
+        return texts
+
+    return generate
+
+
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import ConfigError, load_config
     from tokenflow.config.root import TrainConfig
@@ -54,7 +82,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine import Engine
-    from tokenflow.evaluation import accuracy_of, engine_greedy_generate
+    from tokenflow.evaluation import accuracy_of
     from tokenflow.tasks import build_task
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
@@ -62,7 +90,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     task = build_task(cfg.task)
     limit = args.limit or cfg.run.eval_limit
     n = len(task.eval_prompts()[:limit])
-    acc = accuracy_of(engine_greedy_generate(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
+    acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
                       engine.tokenizer, task, limit)
     if args.json:
         print(json.dumps({"model": model, "task": task.name, "prompts": n, "accuracy": acc}))
