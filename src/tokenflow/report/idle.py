@@ -19,8 +19,14 @@ from tokenflow.report.style import color, figure, save
 WORKERS = ("trainer", "engine")
 
 
-def default_bin_s(window_s: float) -> float:
-    return max(1.0, round(window_s / 40, 1))
+def default_bin_s(run: RunData) -> float:
+    """About 1/40 of the window (≥ 1 s), rounded to a whole number of mean step times so each
+    bin holds whole generate/train cycles (otherwise a synchronous run's bins alias)."""
+    target = max(1.0, run.train_wall_s / 40)
+    _, _, step_s = run.series("time/step_s")
+    if not len(step_s) or step_s.mean() <= 0:
+        return round(target, 1)
+    return float(max(1, round(target / step_s.mean())) * step_s.mean())
 
 
 def windowed_idle(run: RunData, bin_s: float) -> dict[str, tuple[np.ndarray, np.ndarray, str]]:
@@ -30,11 +36,11 @@ def windowed_idle(run: RunData, bin_s: float) -> dict[str, tuple[np.ndarray, np.
     if tl is not None and tl.window_end() > 0:
         end = min(end, tl.window_end()) if end > 0 else tl.window_end()
         edges = np.arange(0.0, end + 1e-9, bin_s)
-        if len(edges) < 2:
-            edges = np.array([0.0, end])
+        if end - edges[-1] > bin_s / 2 or len(edges) < 2:  # keep a last partial bin of some size
+            edges = np.append(edges, end)
         idle = tl.idle_in_bins(edges)
         mids = (edges[:-1] + edges[1:]) / 2
-        return {w: (mids, idle[w], f"trace, {bin_s:g} s bins") for w in WORKERS}
+        return {w: (mids, idle[w], f"trace, {bin_s:.2f} s bins") for w in WORKERS}
     return _from_metrics(run, bin_s)
 
 
@@ -53,12 +59,12 @@ def _from_metrics(run: RunData, bin_s: float) -> dict[str, tuple[np.ndarray, np.
             xs.append((w[i] + w[j]) / 2)
             ys.append(1.0 - (busy[i] - busy[j]) / (w[i] - w[j]))
             j = i
-    out["engine"] = (np.array(xs), np.clip(ys, 0, 1), f"≈ from cumulative metrics, ≥{bin_s:g} s")
+    out["engine"] = (np.array(xs), np.clip(ys, 0, 1), f"≈ from cumulative metrics, ≥{bin_s:.2f} s")
     return out
 
 
 def plot_idle(runs: list[RunData], path: Path, bin_s: float | None = None) -> Path:
-    bin_s = bin_s or default_bin_s(max(r.train_wall_s for r in runs))
+    bin_s = bin_s or default_bin_s(runs[0])
     fig, ax = figure(2, 1, width=11.0, row_height=3.4)
     for i, run in enumerate(runs):
         c = color(i)
