@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 class LocalBackend:
     def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
-                 resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int = 1) -> None:
+                 resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int | None = None) -> None:
         ctx = mp.get_context("spawn")
+        num_engines = num_engines or cfg.runtime.num_engines
         self.inbox = ctx.Queue()
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
         engine_qs = [ctx.Queue() for _ in range(num_engines)]
@@ -33,16 +34,29 @@ class LocalBackend:
             h.load = 0  # samples in flight on this engine, for routing
             self.engines.append(h)
         trainer_q = ctx.Queue()
-        self.trainer = WorkerHandle("trainer", run_trainer_worker,
-                                    (trainer_model_path, cfg, self.inbox, trainer_q, engine_qs, resume_dir,
-                                     "trainer", trace_dir), ctx, cmd_q=trainer_q)
+        world = cfg.trainer.world_size
+        rdv = None
+        if world > 1:
+            from tokenflow.sync.broadcast import free_port
+            from tokenflow.trainer.distributed import Rendezvous
+
+            rdv = Rendezvous("127.0.0.1", free_port(), world, cfg.trainer.collective_timeout_s)
+        self.trainer_ranks = []
+        for rank in range(world):
+            name = "trainer" if rank == 0 else f"trainer{rank}"
+            self.trainer_ranks.append(WorkerHandle(
+                name, run_trainer_worker, (trainer_model_path, cfg, self.inbox, trainer_q if rank == 0 else None,
+                                           engine_qs if rank == 0 else [], resume_dir, name, trace_dir, rank, rdv),
+                ctx, cmd_q=trainer_q if rank == 0 else None))
+        self.trainer = self.trainer_ranks[0]
 
     @property
     def all_workers(self) -> list[WorkerHandle]:
+        """The workers the orchestrator hears from (ranks > 0 only talk to rank 0)."""
         return [*self.engines, self.trainer]
 
     def start(self) -> "LocalBackend":
-        for w in self.all_workers:
+        for w in [*self.engines, *self.trainer_ranks]:
             w.start()
         return self
 
@@ -57,12 +71,12 @@ class LocalBackend:
             e.send(msg)
 
     def check(self) -> None:
-        for w in self.all_workers:
+        for w in [*self.engines, *self.trainer_ranks]:
             w.check()
 
     def shutdown(self) -> None:
-        for w in self.all_workers:
+        for w in self.all_workers:  # rank 0 passes Shutdown on to the other ranks
             if w.process.is_alive():
                 w.send(Shutdown())
-        for w in self.all_workers:
+        for w in [*self.engines, *self.trainer_ranks]:
             w.stop(timeout=20)

@@ -1,7 +1,9 @@
 """The trainer process: batches in, one optimizer step each, new weights out to the engines.
 
 The trainer never waits for generation except when the buffer has no full batch for it; weight
-sync happens right after a step (every ``sync.every`` steps) and is timed phase by phase.
+sync happens right after a step (every ``sync.every`` steps) and is timed phase by phase. With
+``trainer.world_size > 1`` there is one such process per rank, sharded with FSDP2; rank 0 is
+the one the runtime and the engines see.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ STATE_FILE = "trainer_state.pt"
 
 def save_trainer(trainer, directory: str | Path) -> None:
     """Policy in Hugging Face format plus optimizer/scheduler/RNG/version (without a second copy
-    of the weights)."""
+    of the weights). Sharded trainers gather on every rank and write on rank 0 only."""
     import torch
 
     directory = Path(directory)
     trainer.save_pretrained(directory / "model")
     state = trainer.state_dict()
     state.pop("model")
-    torch.save(state, directory / STATE_FILE)
+    if getattr(trainer, "is_writer", True):
+        torch.save(state, directory / STATE_FILE)
 
 
 def load_trainer_state(trainer, directory: str | Path) -> None:
@@ -41,77 +44,142 @@ def load_trainer_state(trainer, directory: str | Path) -> None:
 
 
 class TrainerWorker:
-    def __init__(self, model_path: str, cfg, out_q, cmd_q, engine_qs, resume_dir: str | None,
-                 name: str = "trainer", trace_dir: str | None = None) -> None:
-        from transformers import AutoTokenizer
+    """One trainer rank. Rank 0 talks to the runtime and the engines; with ``rendezvous`` set
+    (``trainer.world_size > 1``) it forwards every command to the other ranks, which run the
+    same code on it (see ``tokenflow.trainer.distributed``)."""
 
-        from tokenflow.sync.base import make_sender
-        from tokenflow.trainer import Trainer
+    def __init__(self, model_path: str, cfg, out_q, cmd_q, engine_qs, resume_dir: str | None,
+                 name: str = "trainer", trace_dir: str | None = None, rank: int = 0, rendezvous=None) -> None:
+        from transformers import AutoTokenizer
 
         trace.configure(trace_dir, name)
         self.name, self.out_q, self.cmd_q, self.engine_qs, self.cfg = name, out_q, cmd_q, engine_qs, cfg
+        self.rank, self.group, self.sender = rank, None, None
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.trainer = Trainer(model_path, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
+        self.trainer = self._build(model_path, cfg, tokenizer, rendezvous)
         if resume_dir is not None:
-            load_trainer_state(self.trainer, resume_dir)
-        sync = cfg.sync
-        opts = {"num_receivers": len(engine_qs), "timeout_s": sync.timeout_s}
+            self._phase("resume", lambda: load_trainer_state(self.trainer, resume_dir))
+        if rank == 0:
+            self._attach_sender()
+
+    def _build(self, model_path, cfg, tokenizer, rendezvous):
+        from tokenflow.trainer import Trainer
+
+        if rendezvous is None:
+            return Trainer(model_path, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
+        import dataclasses
+
+        import torch
+
+        from tokenflow.trainer.distributed import RankGroup
+        from tokenflow.trainer.fsdp import FSDPTrainer
+        from tokenflow.trainer.trainer import resolve_device
+
+        if resolve_device(cfg.trainer.device).type == "cuda":
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+            rendezvous = dataclasses.replace(rendezvous, backend="nccl")
+        self.group = RankGroup(rendezvous, self.rank)
+        return FSDPTrainer(model_path, cfg.trainer, cfg.algorithm, group=self.group, tokenizer=tokenizer)
+
+    def _attach_sender(self) -> None:
+        from tokenflow.sync.base import make_sender
+
+        sync = self.cfg.sync
+        opts = {"num_receivers": len(self.engine_qs), "timeout_s": sync.timeout_s}
         if sync.transport == "broadcast":
             opts.update(bucket_mb=sync.bucket_mb, device=str(self.trainer.device))
-        self.sender = make_sender(sync.transport, self.trainer.named_weights(), **opts)
+        # Shapes only: the layout needs no values, and a sharded trainer's values are collectives.
+        shapes = getattr(self.trainer, "weight_shapes", self.trainer.named_weights)()
+        self.sender = make_sender(sync.transport, shapes, **opts)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
-        out_q.put(Envelope(name, TrainerReady(self.trainer.version, self.sender.spec, n_params)))
+        self.out_q.put(Envelope(self.name, TrainerReady(self.trainer.version, self.sender.spec, n_params)))
         self.sender.connect()
+
+    def _phase(self, what: str, fn):
+        """Run ``fn`` on every rank; with several ranks a failure names where each rank was."""
+        return self.group.run(what, fn) if self.group is not None else fn()
 
     def notify_engines(self, msg) -> None:
         for q in self.engine_qs:
             q.put(msg)
 
     def push_weights(self) -> dict[str, float]:
+        named = self.trainer.named_weights
+        if self.sender is None:  # ranks > 0: take part in the gathers rank 0's send makes
+            for _ in range(2 if self.cfg.sync.checksum else 1):
+                for _ in named():
+                    pass
+            return {}
         checksum = None
         if self.cfg.sync.checksum:
             from tokenflow.engine import weights_checksum
 
-            checksum = weights_checksum(self.trainer.named_weights())
+            checksum = weights_checksum(named())
         with trace.span("sync/send", version=self.trainer.version):
-            return self.sender.send(self.trainer.named_weights(), self.trainer.version,
-                                    notify=self.notify_engines, checksum=checksum)
+            return self.sender.send(named(), self.trainer.version, notify=self.notify_engines, checksum=checksum)
+
+    def execute(self, msg) -> bool:
+        """Run one command on this rank; False once it is time to stop."""
+        if isinstance(msg, Train):
+            t0 = time.perf_counter()
+            with trace.span("trainer/step", step=msg.step):
+                metrics = self._phase(f"train step {msg.step}", lambda: self.trainer.train_step(msg.rollouts))
+            t1 = time.perf_counter()
+            if msg.sync_weights:
+                metrics.update(self._phase(f"weight push {self.trainer.version}", self.push_weights))
+            t2 = time.perf_counter()
+            metrics["sync/trainer_s"] = t2 - t1
+            if self.rank == 0:
+                self.out_q.put(Envelope(self.name, Trained(msg.step, self.trainer.version, metrics, t1 - t0,
+                                                           t2 - t1, int(metrics.get("perf/train_tokens", 0)))))
+        elif isinstance(msg, Save):
+            with trace.span("trainer/save"):
+                self._phase("save", lambda: save_trainer(self.trainer, msg.directory))
+            if self.rank == 0:
+                self.out_q.put(Envelope(self.name, Saved(msg.directory)))
+        elif isinstance(msg, Shutdown):
+            return False
+        else:
+            raise TypeError(f"trainer worker got an unknown message {type(msg).__name__}")
+        return True
+
+    def next_command(self, parent: ParentWatch):
+        """Rank 0 reads the runtime's queue and forwards; other ranks read what rank 0 forwarded.
+        None when the orchestrator is gone."""
+        if self.rank > 0:
+            msg = self.group.next_command(parent.orphaned)
+        else:
+            while True:
+                try:
+                    msg = self.cmd_q.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if parent.orphaned():
+                        msg = None
+                        break
+            if msg is not None and self.group is not None:
+                self.group.post(msg)
+        if msg is None:
+            log.warning("%s: the orchestrator is gone; exiting", self.name)
+        elif self.group is not None:
+            self.group.barrier(f"{type(msg).__name__} (command {self.group.seq})")
+        return msg
 
     def loop(self) -> None:
         parent = ParentWatch()
         while True:
-            try:
-                msg = self.cmd_q.get(timeout=1.0)
-            except queue.Empty:
-                if parent.orphaned():
-                    log.warning("%s: the orchestrator is gone; exiting", self.name)
-                    break
-                continue
-            if isinstance(msg, Train):
-                t0 = time.perf_counter()
-                with trace.span("trainer/step", step=msg.step):
-                    metrics = self.trainer.train_step(msg.rollouts)
-                t1 = time.perf_counter()
-                if msg.sync_weights:
-                    metrics.update(self.push_weights())
-                t2 = time.perf_counter()
-                metrics["sync/trainer_s"] = t2 - t1
-                self.out_q.put(Envelope(self.name, Trained(msg.step, self.trainer.version, metrics,
-                                                           t1 - t0, t2 - t1, int(metrics.get("perf/train_tokens", 0)))))
-            elif isinstance(msg, Save):
-                with trace.span("trainer/save"):
-                    save_trainer(self.trainer, msg.directory)
-                self.out_q.put(Envelope(self.name, Saved(msg.directory)))
-            elif isinstance(msg, Shutdown):
+            msg = self.next_command(parent)
+            if msg is None or not self.execute(msg):
                 break
-            else:
-                raise TypeError(f"trainer worker got an unknown message {type(msg).__name__}")
-        self.sender.close()
+        if self.sender is not None:
+            self.sender.close()
+        if self.group is not None:
+            self.group.close()
         trace.flush()
 
 
 def run_trainer_worker(model_path, cfg, out_q, cmd_q, engine_qs, resume_dir=None, name="trainer",
-                       trace_dir=None) -> None:
+                       trace_dir=None, rank=0, rendezvous=None) -> None:
     """Process entry point (spawned)."""
-    worker_main(name, out_q, lambda: TrainerWorker(model_path, cfg, out_q, cmd_q, engine_qs,
-                                                   resume_dir, name, trace_dir).loop())
+    worker_main(name, out_q, lambda: TrainerWorker(model_path, cfg, out_q, cmd_q, engine_qs, resume_dir,
+                                                   name, trace_dir, rank, rendezvous).loop())

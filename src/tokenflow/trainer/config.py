@@ -86,6 +86,15 @@ class TrainerConfig(ConfigModel):
     value_lr: float | None = Field(default=None, ge=0)
     """Learning rate of the value head; None uses lr."""
 
+    world_size: int = Field(default=1, ge=1)
+    """Trainer ranks. Above 1 the policy is sharded with PyTorch FSDP2 (``fully_shard``) over
+    that many processes (local backend) or Ray actors; gloo on CPU, NCCL on GPU. Every rank
+    sees the whole batch and trains on its share of the sequences (balanced by tokens)."""
+
+    collective_timeout_s: float = Field(default=300.0, gt=0)
+    """Longest wait for any trainer-rank collective (joining the group, the barrier that opens
+    each command, FSDP gathers and reductions) before the run fails naming the late rank."""
+
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":
         if self.schedule == "cosine" and self.total_steps is None:

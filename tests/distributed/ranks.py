@@ -1,0 +1,55 @@
+"""Rank bodies for the distributed tests (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tokenflow.algorithms import AlgorithmConfig
+from tokenflow.trainer import TrainerConfig
+
+# (algorithm, trainer) settings compared between 2 FSDP ranks and one plain trainer.
+CASES = {
+    "grpo_tied": ({}, {"lr": 1e-3, "grad_clip": 0.5, "micro_batch_tokens": 40}, True),
+    "gae_decoupled_kl": ({"advantage": "gae", "objective": "decoupled", "kl_coef": 0.05, "entropy_coef": 0.01,
+                              "aggregation": "seq_mean_token_mean"},
+                         {"lr": 1e-3, "value_head": True, "micro_batch_tokens": 64}, False),
+}
+STEPS = 2
+
+
+def build(case: str):
+    algo, trainer, tie = CASES[case]
+    model = tiny_model(seed=4, tie=tie)
+    rollouts = on_policy(tiny_model(seed=4, tie=tie), make_rollouts(seed=9, groups=4))
+    return model, TrainerConfig(device="cpu", **trainer), AlgorithmConfig(**algo), rollouts
+
+
+def fsdp_rank(rank: int, world: int, port: int, out) -> None:
+    from tokenflow.trainer.distributed import RankGroup, Rendezvous
+    from tokenflow.trainer.fsdp import FSDPTrainer
+
+    torch.set_num_threads(1)
+    group = RankGroup(Rendezvous("127.0.0.1", port, world, timeout_s=60), rank)
+    results = {}
+    for case in CASES:
+        model, tcfg, algo, rollouts = build(case)
+        trainer = FSDPTrainer(model, tcfg, algo, group=group)
+        metrics = [trainer.train_step(rollouts) for _ in range(STEPS)]
+        # NumPy, not tensors: torch shares tensors through this process, which is about to exit.
+        weights = {k: v.numpy() for k, v in trainer.named_weights()}
+        results[case] = (metrics, weights)
+    if rank == 0:
+        out.put(results)
+    group.close()
+
+
+def silent_rank(rank: int, world: int, port: int, joined) -> None:
+    """Joins the group, then never reaches a barrier."""
+    import time
+
+    from tokenflow.trainer.distributed import RankGroup, Rendezvous
+
+    RankGroup(Rendezvous("127.0.0.1", port, world, timeout_s=30), rank)
+    joined.set()
+    time.sleep(30)
