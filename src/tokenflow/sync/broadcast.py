@@ -7,8 +7,16 @@ buckets (``bucket_mb`` each) instead of one message per parameter: per-message l
 bandwidth, dominates small models. ``per_param=True`` sends one message per tensor, for
 comparison (``tokenflow bench sync``).
 
-Receivers run the receive in a background thread so the engine keeps decoding; the engine swaps
-the weights in between two decode steps once ``ready()``.
+The sender streams: it announces the version, then packs bucket k into one of two preallocated
+staging buffers while bucket k − 1 is on the wire. A sharded trainer's ``named_weights()``
+gathers one full tensor at a time, so the sender never holds more than two buckets, and the
+gathers overlap the broadcasts. Receivers hold the whole model (they are engines) and run the
+receive in a background thread so the engine keeps decoding; the engine swaps the weights in
+between two decode steps once ``ready()``.
+
+Every wait is bounded by ``timeout_s`` and names the engine that did not answer: each receiver
+writes ``joined/<rank>`` when it attaches and ``began/<rank>`` / ``done/<rank>`` per version in
+the group's TCP store, and the sender reads them back when something times out.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch.distributed as dist
 
 from tokenflow.metrics import trace
 from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
-from tokenflow.sync.layout import pack, plan_layout, views
+from tokenflow.sync.layout import bucket_views, plan_layout, views
 
 
 def free_port() -> int:
@@ -33,8 +41,19 @@ def free_port() -> int:
 
 
 def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backend: str):
+    """The standalone group; rank 0 fails naming the receivers that did not attach in time."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timeout)
+    store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    store.set(f"joined/{rank}", b"1")
+    if rank == 0:
+        deadline = time.monotonic() + timeout_s
+        keys = [f"joined/{r}" for r in range(1, world)]
+        while not store.check(keys):
+            if time.monotonic() > deadline:
+                late = [r - 1 for r in range(1, world) if not store.check([f"joined/{r}"])]
+                raise TimeoutError(f"engine receiver(s) {late} did not attach to the weight-sync group "
+                                   f"within {timeout_s:g}s (sync.timeout_s)")
+            time.sleep(0.01)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
@@ -42,19 +61,35 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backen
     return dist.ProcessGroupGloo(store, rank, world, timeout), store
 
 
-def _broadcast_all(pg, tensors: list[torch.Tensor], what: str, timeout_s: float) -> None:
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    works = [pg.broadcast([t], opts) for t in tensors]
+def _late_receivers(store, world: int, version: int) -> str:
+    """Which engines had not started / finished receiving ``version`` (for error messages)."""
+    def seen(key: str) -> int:
+        return int(store.get(key)) if store.check([key]) else -1
+
+    never = [r - 1 for r in range(1, world) if seen(f"began/{r}") < version]
+    unfinished = [r - 1 for r in range(1, world) if seen(f"done/{r}") < version and r - 1 not in never]
+    return (f"engine receiver(s) {never} never started receiving version {version}; "
+            f"receiver(s) {unfinished} started but did not finish")
+
+
+def _wait_all(works, what: str, timeout_s: float, on_fail=lambda: "") -> None:
     try:
         for w in works:
             w.wait()
     except RuntimeError as e:
-        raise TimeoutError(f"weight broadcast ({what}) failed or timed out after {timeout_s:g}s: "
-                           f"a peer did not answer ({e})") from None
+        raise TimeoutError(f"weight broadcast ({what}) failed or timed out after {timeout_s:g}s "
+                           f"(sync.timeout_s): {on_fail()} ({e})") from None
+
+
+def _broadcast(pg, t: torch.Tensor):
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    return pg.broadcast([t], opts)
 
 
 class _Buffers:
+    """A receiver's landing buffers: one per bucket (packed) or one per tensor (per_param)."""
+
     def __init__(self, layout, per_param: bool, device: str) -> None:
         self.per_param = per_param
         if per_param:
@@ -71,12 +106,18 @@ class BroadcastSender:
                  host: str = "127.0.0.1", port: int | None = None) -> None:
         layout = plan_layout(named_tensors, int(bucket_mb * 2**20))
         self.timeout_s = timeout_s
+        self.per_param = per_param
+        self.device = device
         self.backend = "nccl" if device.startswith("cuda") else "gloo"
         self.spec = SyncSpec("broadcast", layout, {
             "host": host, "port": port or free_port(), "world": 1 + num_receivers,
             "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend,
         })
-        self._buf = _Buffers(layout, per_param, device)
+        if per_param:
+            self._params = _Buffers(layout, True, device)
+        else:  # two staging buffers: pack one while the other is on the wire
+            biggest = max(layout.bucket_sizes)
+            self._staging = [torch.empty(biggest, dtype=torch.uint8, device=device) for _ in range(2)]
         self._pg = None
 
     def connect(self) -> None:
@@ -88,20 +129,48 @@ class BroadcastSender:
         if self._pg is None:
             raise RuntimeError("BroadcastSender.send() before connect()")
         t0 = time.perf_counter()
-        with trace.span("sync/pack", version=version):
-            if self._buf.per_param:
-                for name, t in named_tensors:
-                    self._buf.named[name].copy_(t.detach())
-            else:
-                pack(self.spec.layout, named_tensors, self._buf.tensors)
-        t1 = time.perf_counter()
         notify(WeightsReady(version, "broadcast", 0, checksum, time.time()))
-        with trace.span("sync/broadcast", version=version, messages=len(self._buf.tensors)):
-            _broadcast_all(self._pg, self._buf.tensors, f"version {version}", self.timeout_s)
-        t2 = time.perf_counter()
-        return {"sync/pack_s": t1 - t0, "sync/broadcast_s": t2 - t1,
-                "sync/bytes": float(self.spec.layout.total_bytes),
-                "sync/messages": float(len(self._buf.tensors))}
+        with trace.span("sync/broadcast", version=version):
+            send = self._send_per_param if self.per_param else self._send_packed
+            pack_s, messages = send(iter(named_tensors), version)
+        total = time.perf_counter() - t0
+        return {"sync/pack_s": pack_s, "sync/broadcast_s": total - pack_s,
+                "sync/bytes": float(self.spec.layout.total_bytes), "sync/messages": float(messages)}
+
+    def _fail(self, version: int):
+        return lambda: _late_receivers(self._store, self.spec.options["world"], version)
+
+    def _send_packed(self, named, version: int) -> tuple[float, int]:
+        """Bucket by bucket, in layout order; returns (seconds spent packing, messages)."""
+        layout = self.spec.layout
+        works: list = [None, None]
+        pack_s = 0.0
+        for b, size in enumerate(layout.bucket_sizes):
+            buf = self._staging[b % 2][:size]
+            if works[b % 2] is not None:  # this staging buffer's previous bucket must be out
+                _wait_all([works[b % 2]], f"version {version}", self.timeout_s, self._fail(version))
+            t = time.perf_counter()
+            for slot, dst in bucket_views(layout, b, buf):
+                name, tensor = next(named)
+                if name != slot.name or tuple(tensor.shape) != slot.shape:
+                    raise ValueError(f"tensor {name!r} {tuple(tensor.shape)} arrives where the agreed weight "
+                                     f"layout has {slot.name!r} {slot.shape}")
+                dst.copy_(tensor.detach())
+            pack_s += time.perf_counter() - t
+            works[b % 2] = _broadcast(self._pg, buf)
+        if next(named, None) is not None:
+            raise ValueError("more tensors than the agreed weight layout holds")
+        _wait_all([w for w in works if w is not None], f"version {version}", self.timeout_s, self._fail(version))
+        return pack_s, len(layout.bucket_sizes)
+
+    def _send_per_param(self, named, version: int) -> tuple[float, int]:
+        t = time.perf_counter()
+        for name, tensor in named:
+            self._params.named[name].copy_(tensor.detach())
+        pack_s = time.perf_counter() - t
+        works = [_broadcast(self._pg, x) for x in self._params.tensors]
+        _wait_all(works, f"version {version}", self.timeout_s, self._fail(version))
+        return pack_s, len(works)
 
     def close(self) -> None:
         self._pg = None
@@ -124,9 +193,11 @@ class BroadcastReceiver:
     def _receive(self, version: int) -> None:
         t0 = time.perf_counter()
         try:
+            self._store.set(f"began/{self.rank}", str(version).encode())
             with trace.span("sync/receive", version=version):
-                _broadcast_all(self._pg, self._buf.tensors, f"version {version} from the trainer (rank 0)",
-                               self.spec.options["timeout_s"])
+                works = [_broadcast(self._pg, t) for t in self._buf.tensors]
+                _wait_all(works, f"version {version} from the trainer (rank 0)", self.spec.options["timeout_s"])
+            self._store.set(f"done/{self.rank}", str(version).encode())
         except BaseException as e:  # noqa: BLE001 - surfaced to the engine loop by ready()
             self._error = e
         self._recv_s = time.perf_counter() - t0
@@ -142,6 +213,10 @@ class BroadcastReceiver:
         if self._error is not None:
             raise self._error
         return True
+
+    def latest(self, version: int) -> WeightsReady | None:
+        """A broadcast cannot be replayed to a late joiner: nothing newer to load at attach."""
+        return None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return self._buf.named

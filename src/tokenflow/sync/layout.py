@@ -72,6 +72,15 @@ def views(layout: WeightLayout, buckets: list[torch.Tensor]) -> dict[str, torch.
     return out
 
 
+def bucket_views(layout: WeightLayout, bucket: int, buf: torch.Tensor) -> list[tuple[TensorSlot, torch.Tensor]]:
+    """The slots of one bucket, in layout order, with their views into ``buf`` (that bucket's bytes)."""
+    out = []
+    for s in layout.slots:
+        if s.bucket == bucket:
+            out.append((s, buf[s.offset : s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape)))
+    return out
+
+
 def pack(layout: WeightLayout, named_tensors: Iterable[tuple[str, torch.Tensor]], buckets: list[torch.Tensor]) -> None:
     """Copy tensors into their places in ``buckets``; refuses names or shapes the layout lacks."""
     targets = views(layout, buckets)

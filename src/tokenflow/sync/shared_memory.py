@@ -101,6 +101,20 @@ class SharedMemoryReceiver:
     def ready(self) -> bool:
         return self._msg is not None
 
+    def latest(self, version: int) -> WeightsReady | None:
+        """For an engine that (re)attaches mid-run holding ``version``: a notice for the newest
+        version in the slots if that is newer, else None. A restarted engine inherits the
+        acknowledgements its predecessor never sent, so every slot it will not read is released
+        here; the newest is released by ``done`` once loaded (the sender only rewrites it two
+        versions later, after that acknowledgement)."""
+        written = [int(self._ctl[s, 0]) for s in range(SLOTS)]
+        newest = max(range(SLOTS), key=lambda s: written[s])
+        load = written[newest] > version
+        for s in range(SLOTS):
+            if not (load and s == newest):
+                self._ctl[s, 1 + self.index] = max(int(self._ctl[s, 1 + self.index]), written[s])
+        return WeightsReady(written[newest], "shared_memory", newest, sent_at=time.time()) if load else None
+
     def tensors(self) -> dict[str, torch.Tensor]:
         assert self._msg is not None, "tensors() before begin()"
         return self._views[self._msg.slot]
