@@ -48,6 +48,7 @@ class EngineWorker:
         self.mode = engine_config.update_mode
         self.receiver = None
         self.pending_weights = []  # WeightsReady notices not yet loaded, oldest first
+        self.receiving = False  # pending_weights[0] has been begun on the receiver
         self.loading = None  # the notice whose weights the engine is applying (drain)
         self.groups: dict[str, _Group] = {}
         self.paused = False
@@ -66,16 +67,23 @@ class EngineWorker:
 
         if isinstance(msg, Generate):
             rid = f"{msg.kind}-{msg.group_id}"
+            if rid in self.groups:  # re-sent after a restart, and also delivered from before it
+                return
             self.engine.add_request(msg.prompt_ids, msg.params, request_id=rid,
                                     group_id=msg.group_id, prompt_id=msg.prompt_id)
             self.groups[rid] = _Group(msg)
         elif isinstance(msg, WeightsReady):
-            if not self.pending_weights and self.loading is None:
-                self.receiver.begin(msg)
             self.pending_weights.append(msg)
+            self._begin_next()
         elif isinstance(msg, AttachSync):
             self.receiver = make_receiver(msg.spec, receiver_index=msg.receiver_index)
             self.receiver.connect()
+            # A restarted engine attaches mid-run: start from the newest weights the transport
+            # still holds rather than the ones it was built with.
+            newest = self.receiver.latest(self.engine.version)
+            if newest is not None:
+                self.pending_weights.insert(0, newest)
+            self._begin_next()
         elif isinstance(msg, SetPaused):
             self.paused = msg.paused
         elif isinstance(msg, AbortKind):
@@ -101,14 +109,27 @@ class EngineWorker:
                 return
 
     # ---- weights -------------------------------------------------------------------------
+    def _begin_next(self) -> None:
+        """Start receiving the oldest pending update, unless one is under way or there is no
+        receiver yet (notices can arrive before the sync spec). Notices no newer than the
+        loaded weights are dropped: a restarted engine may have loaded past them."""
+        if self.receiver is None or self.receiving or self.loading is not None:
+            return
+        self.pending_weights = sorted((m for m in self.pending_weights if m.version > self.engine.version),
+                                      key=lambda m: m.version)
+        if self.pending_weights:
+            self.receiver.begin(self.pending_weights[0])
+            self.receiving = True
+
     def maybe_load_weights(self) -> None:
         if self.loading is not None:
             if self.engine.version >= self.loading.version:  # a drain finished
                 self._finish_load(self.loading)
             return
-        if not self.pending_weights or not self.receiver.ready():
+        if not self.receiving or not self.receiver.ready():
             return
         msg = self.pending_weights.pop(0)
+        self.receiving = False
         t0 = time.perf_counter()
         with trace.span("engine/weight_swap", version=msg.version, mode=self.mode):
             # Blocking: generation is paused while the trainer steps, so swap at once (a drain
@@ -130,8 +151,7 @@ class EngineWorker:
             **timings, "sync/engine_pause_s": self.pauses[-1] if self.pauses else 0.0,
             "sync/apply_wait_s": time.perf_counter() - self.load_started,
             "sync/latency_s": time.time() - msg.sent_at})))
-        if self.pending_weights:
-            self.receiver.begin(self.pending_weights[0])
+        self._begin_next()
 
     # ---- generation ----------------------------------------------------------------------
     def step(self) -> None:
@@ -179,13 +199,16 @@ class EngineWorker:
         self.pauses, self.decode_samples, self.prefill_samples = [], [], []
         trace.counter("engine/running", seqs=self.engine.num_running)
 
+    def can_step(self) -> bool:
+        # Never before the sync is attached: a restarted engine first loads the newest weights.
+        return self.engine.has_unfinished() and not self.paused and self.receiver is not None
+
     def loop(self) -> None:
         while self.running:
-            has_work = self.engine.has_unfinished() and not self.paused
-            self.read_commands(block=not has_work and self.loading is None and not self.pending_weights)
+            self.read_commands(block=not self.can_step() and self.loading is None and not self.receiving)
             if self.receiver is not None:
                 self.maybe_load_weights()
-            if self.engine.has_unfinished() and not self.paused:
+            if self.can_step():
                 self.step()
             self.send_status()
             if self.parent.orphaned():

@@ -127,6 +127,16 @@ class Saved:
     directory: str
 
 
+# ---- backend → orchestrator ----------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerRestarted:
+    """A worker process died and its replacement is up (Ray backend, ``runtime.max_engine_restarts``).
+    Whatever the dead process held is gone; the orchestrator re-sends its work and sync spec."""
+
+    worker: str
+    restarts: int
+
+
 # ---- any worker → orchestrator -------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerFailed:

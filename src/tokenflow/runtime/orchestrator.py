@@ -66,6 +66,7 @@ class Orchestrator:
         self.wall_offset = 0.0
         self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
         self.trainer_busy = True  # until TrainerReady
+        self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
         self.pending_batch: tuple[list[int], dict] | None = None
         self.engine_versions = {h.name: 0 for h in backend.engines}
         self.engine_totals = EngineTotals()
@@ -144,6 +145,8 @@ class Orchestrator:
     def handle(self, worker: str, msg) -> None:
         if isinstance(msg, M.Generated):
             engine = self.group_engine.pop(msg.group_id, None)
+            if engine is None and msg.kind == "train":
+                return  # not outstanding: a second copy after an engine restart, or aborted work
             if engine is not None:
                 engine.load -= len(msg.rollouts)
             if msg.kind == "eval":
@@ -168,12 +171,38 @@ class Orchestrator:
         elif isinstance(msg, M.TrainerReady):
             self.trainer_busy = False
             self.num_parameters = msg.num_parameters
+            self.sync_spec = msg.sync_spec
             for i, engine in enumerate(self.backend.engines):
                 engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
+        elif isinstance(msg, M.WorkerRestarted):
+            self._on_engine_restarted(msg)
         elif isinstance(msg, M.WorkerFailed):
             raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
         else:
             raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
+
+    def _on_engine_restarted(self, msg: M.WorkerRestarted) -> None:
+        """A replacement engine process is up (Ray backend); what the dead one held is gone.
+        Re-send the sync spec (it attaches and loads the newest weights before generating) and
+        its in-flight groups, with their original seeds. ``engine_versions`` keeps the dead
+        engine's version until the new one reports a load: it cannot load anything older."""
+        index, engine = next((i, h) for i, h in enumerate(self.backend.engines) if h.name == msg.worker)
+        lost = sorted(gid for gid, h in self.group_engine.items() if h is engine)
+        log.warning("%s restarted (restart %d); re-sending %d in-flight groups", msg.worker, msg.restarts, len(lost))
+        self.last_msg_from[msg.worker] = time.monotonic()
+        engine.load = 0
+        if self.sync_spec is not None:
+            engine.send(M.AttachSync(self.sync_spec, receiver_index=index))
+        if self.blocking and self.trainer_busy:
+            engine.send(M.SetPaused(True))
+        for gid in lost:
+            del self.group_engine[gid]
+            if gid < 0:
+                prompt, kind, params = self.task.eval_prompts()[-gid - 1], "eval", self.eval_params
+            else:
+                prompt, kind = self.prompts[gid], "train"
+                params = dataclasses.replace(self.train_params, seed=request_seed(self.cfg.run.seed, prompt.id))
+            self._send_generate(gid, prompt, kind, params)
 
     def _check_timeouts(self) -> None:
         limit = self.cfg.runtime.worker_timeout_s
