@@ -116,13 +116,34 @@ class RuntimeConfig(ConfigModel):
     backend: Literal["local", "ray"] = "local"
     """"local": processes on this machine, no services. "ray": Ray actors (pip install "tokenflow-rl[ray]")."""
     scorer_workers: int = Field(default=1, ge=1)
-    """Reward worker processes."""
+    """Reward worker processes (Ray backend: reward actors)."""
     score_timeout_s: float = Field(default=10.0, gt=0)
     """Per-sample reward timeout; a sample past it is marked failed, not the run."""
     worker_timeout_s: float = Field(default=300.0, gt=0)
     """Longest silence from a worker process before the run stops with its name."""
+    num_engines: int = Field(default=1, ge=1)
+    """Engine workers (processes, or Ray actors); each prompt group goes to the least-loaded one."""
     ray_address: str | None = None
-    """Ray cluster to join (None: start a local one)."""
+    """Ray cluster to join, e.g. "ray://head:10001" or "auto" (None: start a local one, unless
+    the caller already called ray.init, whose cluster is used)."""
+    ray_engine_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each engine actor reserves (Ray backend)."""
+    ray_engine_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each engine actor reserves (Ray backend); fractions share a GPU."""
+    ray_trainer_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each trainer rank's actor reserves (Ray backend)."""
+    ray_trainer_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each trainer rank's actor reserves (Ray backend)."""
+    ray_scorer_cpus: float = Field(default=0.0, ge=0)
+    """CPUs each of the ``scorer_workers`` reward actors reserves (Ray backend). 0 lets them run
+    beside actors that hold every CPU; raise it for heavy reward functions so Ray spreads them."""
+    ray_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = None
+    """Reserve all engine and trainer actors at once as one Ray placement group with this
+    strategy (None: place each actor on its own)."""
+    max_engine_restarts: int = Field(default=3, ge=0)
+    """Ray backend: times a dead engine actor is restarted; its in-flight prompts are re-sent
+    and it comes back with the newest weights (needs sync.transport = "shared_memory"). The
+    local backend stops the run instead."""
 
 
 class MetricsConfig(ConfigModel):
