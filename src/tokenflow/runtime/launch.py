@@ -100,7 +100,12 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     trace.configure(trace_dir, "orchestrator")
     task = build_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(trainer_model)
-    scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+    if cfg.runtime.backend == "ray":
+        from tokenflow.runtime.ray_scoring import RayScorerPool
+
+        scorer = RayScorerPool(task.reward_spec, cfg)
+    else:
+        scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume else None)
     backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)

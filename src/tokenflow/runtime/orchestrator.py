@@ -188,7 +188,7 @@ class Orchestrator:
         engine's version until the new one reports a load: it cannot load anything older."""
         index, engine = next((i, h) for i, h in enumerate(self.backend.engines) if h.name == msg.worker)
         lost = sorted(gid for gid, h in self.group_engine.items() if h is engine)
-        log.warning("%s restarted (restart %d); re-sending %d in-flight groups", msg.worker, msg.restarts, len(lost))
+        log.warning("%s restarted (restart %d); re-sending its in-flight groups %s", msg.worker, msg.restarts, lost)
         self.last_msg_from[msg.worker] = time.monotonic()
         engine.load = 0
         if self.sync_spec is not None:

@@ -8,6 +8,7 @@ reader never sees torn weights while the trainer can run one update ahead of the
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from multiprocessing import shared_memory
@@ -20,6 +21,22 @@ from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
 from tokenflow.sync.layout import pack, plan_layout, views
 
 SLOTS = 2
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing segment without registering it with this process's resource tracker.
+    The sender owns the segments; before Python 3.13 every attach registers too, and a process
+    with its own tracker (a Ray actor) would have the trainer's segments unlinked when it dies."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
 
 
 def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
@@ -83,8 +100,8 @@ class SharedMemoryReceiver:
         self.spec = spec
         self.index = receiver_index
         opts = spec.options
-        self._slots = [shared_memory.SharedMemory(name=n) for n in opts["slots"]]
-        self._ctl_shm = shared_memory.SharedMemory(name=opts["control"])
+        self._slots = [_attach(n) for n in opts["slots"]]
+        self._ctl_shm = _attach(opts["control"])
         self._ctl = np.ndarray((SLOTS, 1 + opts["num_receivers"]), dtype=np.int64, buffer=self._ctl_shm.buf)
         self._views = [views(spec.layout, [_bytes_view(s, spec.layout.total_bytes)]) for s in self._slots]
         self._msg: WeightsReady | None = None

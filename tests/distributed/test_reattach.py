@@ -1,0 +1,45 @@
+"""A restarted engine re-attaches to the shared-memory sync mid-run: it loads the newest weights,
+and the acknowledgements its dead predecessor never sent no longer hold the trainer up."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenflow.sync.base import make_receiver, make_sender
+
+
+def _weights(version: int) -> dict[str, torch.Tensor]:
+    return {"a": torch.full((3, 4), float(version)), "b": torch.arange(5.0) + version}
+
+
+def _load(recv, msg) -> dict[str, torch.Tensor]:
+    recv.begin(msg)
+    assert recv.ready()
+    got = {k: v.clone() for k, v in recv.tensors().items()}
+    recv.done(msg)
+    return got
+
+
+def test_a_reattached_receiver_loads_the_newest_slot_and_releases_the_old_ones():
+    sender = make_sender("shared_memory", _weights(0).items(), num_receivers=1, timeout_s=1.0)
+    notices = []
+    try:
+        first = make_receiver(sender.spec)
+        sender.send(_weights(1).items(), 1, notify=notices.append)
+        _load(first, notices[-1])
+        sender.send(_weights(2).items(), 2, notify=notices.append)  # the engine dies before loading it
+        sender.send(_weights(3).items(), 3, notify=notices.append)
+        first.close()
+
+        again = make_receiver(sender.spec)  # the replacement, same receiver index
+        newest = again.latest(version=0)
+        assert newest is not None and newest.version == 3
+        assert all(torch.equal(t, _weights(3)[k]) for k, t in _load(again, newest).items())
+        assert again.latest(version=3) is None  # nothing newer
+        # Version 4 overwrites version 2's slot, which only the dead engine held: no timeout.
+        sender.send(_weights(4).items(), 4, notify=notices.append)
+        assert all(torch.equal(t, _weights(4)[k]) for k, t in _load(again, notices[-1]).items())
+        sender.send(_weights(5).items(), 5, notify=notices.append)
+        again.close()
+    finally:
+        sender.close()
