@@ -4,8 +4,8 @@ The sender (trainer rank 0) and the receivers (engines, ranks 1..M) form a stand
 group of their own — built from a TCP store, not the default group — so it coexists with the
 trainer's FSDP group. Gloo carries it on CPU, NCCL on GPU. Weights travel as a few large flat
 buckets (``bucket_mb`` each) instead of one message per parameter: per-message latency, not
-bandwidth, dominates small models. ``per_param=True`` sends one message per tensor, for
-comparison (``tokenflow bench sync``).
+bandwidth, dominates small models. ``per_param=True`` sends one blocking broadcast per tensor,
+as a loop over the parameters does: the baseline ``tokenflow bench sync`` compares against.
 
 The sender streams: it announces the version, then packs bucket k into one of two preallocated
 staging buffers while bucket k − 1 is on the wire. A sharded trainer's ``named_weights()``
@@ -113,9 +113,7 @@ class BroadcastSender:
             "host": host, "port": port or free_port(), "world": 1 + num_receivers,
             "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend,
         })
-        if per_param:
-            self._params = _Buffers(layout, True, device)
-        else:  # two staging buffers: pack one while the other is on the wire
+        if not per_param:  # two staging buffers: pack one while the other is on the wire
             biggest = max(layout.bucket_sizes)
             self._staging = [torch.empty(biggest, dtype=torch.uint8, device=device) for _ in range(2)]
         self._pg = None
@@ -141,36 +139,49 @@ class BroadcastSender:
         return lambda: _late_receivers(self._store, self.spec.options["world"], version)
 
     def _send_packed(self, named, version: int) -> tuple[float, int]:
-        """Bucket by bucket, in layout order; returns (seconds spent packing, messages)."""
-        layout = self.spec.layout
-        works: list = [None, None]
+        """Bucket by bucket, in layout order; returns (seconds spent packing, messages).
+
+        A bucket holding one tensor that fills it exactly (a tensor larger than ``bucket_mb``
+        gets a bucket of its own) goes out straight from that tensor: copying it would only
+        cost CPU time, which the wire is short of on a busy machine."""
+        layout, fail = self.spec.layout, self._fail(version)
+        in_flight: dict[int, tuple] = {}  # staging buffer (or -1 - bucket for a direct send) -> (work, tensor)
         pack_s = 0.0
         for b, size in enumerate(layout.bucket_sizes):
-            buf = self._staging[b % 2][:size]
-            if works[b % 2] is not None:  # this staging buffer's previous bucket must be out
-                _wait_all([works[b % 2]], f"version {version}", self.timeout_s, self._fail(version))
-            t = time.perf_counter()
-            for slot, dst in bucket_views(layout, b, buf):
-                name, tensor = next(named)
+            slots = bucket_views(layout, b, self._staging[b % 2][:size])
+            incoming = [(slot, dst, *next(named)) for slot, dst in slots]
+            for slot, _, name, tensor in incoming:
                 if name != slot.name or tuple(tensor.shape) != slot.shape:
                     raise ValueError(f"tensor {name!r} {tuple(tensor.shape)} arrives where the agreed weight "
                                      f"layout has {slot.name!r} {slot.shape}")
+            slot, _, _, tensor = incoming[0]
+            if len(incoming) == 1 and slot.nbytes == size and str(tensor.dtype).endswith(slot.dtype):
+                raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                in_flight[-1 - b] = (_broadcast(self._pg, raw), raw)
+                continue
+            if b % 2 in in_flight:  # this staging buffer's previous bucket must be out
+                _wait_all([in_flight.pop(b % 2)[0]], f"version {version}", self.timeout_s, fail)
+            t = time.perf_counter()
+            for _, dst, _, tensor in incoming:
                 dst.copy_(tensor.detach())
             pack_s += time.perf_counter() - t
-            works[b % 2] = _broadcast(self._pg, buf)
+            in_flight[b % 2] = (_broadcast(self._pg, self._staging[b % 2][:size]), None)
         if next(named, None) is not None:
             raise ValueError("more tensors than the agreed weight layout holds")
-        _wait_all([w for w in works if w is not None], f"version {version}", self.timeout_s, self._fail(version))
+        _wait_all([w for w, _ in in_flight.values()], f"version {version}", self.timeout_s, fail)
         return pack_s, len(layout.bucket_sizes)
 
     def _send_per_param(self, named, version: int) -> tuple[float, int]:
-        t = time.perf_counter()
-        for name, tensor in named:
-            self._params.named[name].copy_(tensor.detach())
-        pack_s = time.perf_counter() - t
-        works = [_broadcast(self._pg, x) for x in self._params.tensors]
-        _wait_all(works, f"version {version}", self.timeout_s, self._fail(version))
-        return pack_s, len(works)
+        """The baseline packing is measured against: a loop over the parameters, one blocking
+        broadcast each, straight from the trainer's tensors."""
+        n = 0
+        for slot, (name, tensor) in zip(self.spec.layout.slots, named):
+            if name != slot.name:
+                raise ValueError(f"tensor {name!r} arrives where the agreed weight layout has {slot.name!r}")
+            work = _broadcast(self._pg, tensor.detach().contiguous())
+            _wait_all([work], f"version {version}", self.timeout_s, self._fail(version))
+            n += 1
+        return 0.0, n
 
     def close(self) -> None:
         self._pg = None
