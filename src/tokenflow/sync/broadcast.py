@@ -156,7 +156,7 @@ class BroadcastSender:
                                      f"layout has {slot.name!r} {slot.shape}")
             slot, _, _, tensor = incoming[0]
             if len(incoming) == 1 and slot.nbytes == size and str(tensor.dtype).endswith(slot.dtype):
-                raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                raw = tensor.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8)
                 in_flight[-1 - b] = (_broadcast(self._pg, raw), raw)
                 continue
             if b % 2 in in_flight:  # this staging buffer's previous bucket must be out
@@ -178,7 +178,7 @@ class BroadcastSender:
         for slot, (name, tensor) in zip(self.spec.layout.slots, named):
             if name != slot.name:
                 raise ValueError(f"tensor {name!r} arrives where the agreed weight layout has {slot.name!r}")
-            work = _broadcast(self._pg, tensor.detach().contiguous())
+            work = _broadcast(self._pg, tensor.detach().to(self.device).contiguous())
             _wait_all([work], f"version {version}", self.timeout_s, self._fail(version))
             n += 1
         return 0.0, n
