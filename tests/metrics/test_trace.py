@@ -54,8 +54,11 @@ def test_spans_counters_and_other_tracks_merge_into_trace_event_json(tracing, tm
     assert trace.trace_dir() == tracing
     n = trace.merge(tracing, tmp_path / "trace.json")
     events = events_in(tmp_path / "trace.json")
-    assert n == len(events) == 6
+    assert n == len(events) == 7
     by_name = {e["name"]: e for e in events}
+    # each flush states the tracer's own cost so far in this process
+    own = by_name["trace/self_s"]
+    assert own["ph"] == "C" and own["args"]["events"] == 6 and 0 < own["args"]["self_s"] < 0.05
     assert by_name["process_name"]["args"] == {"name": "tester"}
     fwd = by_name["trainer/forward"]
     assert fwd["ph"] == "X" and fwd["cat"] == "trainer" and fwd["args"] == {"tokens": 12}
@@ -77,10 +80,15 @@ def test_events_wait_in_memory_until_a_batch_or_an_interval_is_full(tmp_path):
         assert not list(d.glob("*.jsonl"))
         trace.record("x/y", time.time(), 0.0, i=3)  # 5th event: flush
         (f,) = d.glob("p-*.jsonl")
-        assert len(f.read_text().splitlines()) == 5
+
+        def written() -> list[str]:
+            return [json.loads(x)["name"] for x in f.read_text().splitlines()
+                    if json.loads(x)["name"] != "trace/self_s"]
+
+        assert len(written()) == 5
         trace.configure(d, "p", flush_every=10_000, flush_interval_s=0.0)
         trace.record("x/y", time.time(), 0.0)
-        assert len(f.read_text().splitlines()) == 7  # flushed by time (metadata + 1 event more)
+        assert len(written()) == 7  # flushed by time: the new metadata event, then this one
     finally:
         trace.configure(None, "p")
 
@@ -169,3 +177,11 @@ def test_trace_agrees_with_the_runtimes_idle_clock(traced_run):
     idle = tl.intervals(("trainer/idle",))
     idle_s = merge_intervals(idle[idle[:, 0] < window])
     assert (idle_s[:, 1] - idle_s[:, 0]).sum() == pytest.approx(summary["trainer_idle_frac"] * window, abs=0.1)
+
+
+def test_the_trace_states_its_own_cost_and_it_is_small(traced_run):
+    summary = json.loads((traced_run / "summary.json").read_text())
+    cost = Timeline.load(traced_run / "trace.json").tracer_cost()
+    assert set(cost) == {"orchestrator", "engine", "trainer", "scorer"}
+    for kind, seconds in cost.items():
+        assert 0 < seconds < 0.01 * summary["wall_s"], (kind, seconds)

@@ -52,10 +52,12 @@ class RunTracer:
         trace.name_thread(self.trainer_pid, IDLE_TID, "idle (orchestrator's view)")
 
     def tick(self) -> None:
+        t0 = time.perf_counter()
         now = time.time()
         self._waits(now)
         self._trainer_idle(now)
         self._counters(now)
+        trace.add_self_time(time.perf_counter() - t0)
 
     def _waits(self, now: float) -> None:
         stats = self.orch.buffer.stats

@@ -9,7 +9,9 @@ per line) every ``flush_every`` events, every ``flush_interval_s`` seconds and a
 a multiprocessing worker's exit on SIGTERM); :func:`merge` joins the per-process files into one
 ``trace.json``. Timestamps are wall-clock microseconds so spans from different processes line
 up on one axis. Serialisation happens only at flush time, so the cost on the hot path is one
-dict and one list append per event.
+dict and one list append per event. Every flush also writes the counter ``trace/self_s``: the
+seconds this process has spent building, buffering and writing events, i.e. the trace's own
+overhead, which ``tokenflow report`` states.
 """
 
 from __future__ import annotations
@@ -34,25 +36,33 @@ class _Tracer:
         self.flush_interval_s = flush_interval_s
         self.last_flush = time.monotonic()
         self.events: list[dict] = []
+        # The tracer's own cost in this process (building, buffering and writing events), written
+        # with every flush as the counter "trace/self_s", so a trace states its own overhead.
+        self.self_s = 0.0
+        self.num_events = 0
         # Re-entrant: a worker's SIGTERM handler may flush while this thread is inside _emit.
         self.lock = threading.RLock()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._emit({"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
-                    "args": {"name": process_name}})
+                    "args": {"name": process_name}}, time.perf_counter())
         atexit.register(self.flush)
         # multiprocessing workers leave through os._exit (atexit skipped) after running these.
         from multiprocessing import util
 
         util.Finalize(None, self.flush, exitpriority=100)
 
-    def _emit(self, event: dict) -> None:
+    def _emit(self, event: dict, t0: float) -> None:
+        """Buffer ``event`` (built from ``t0``, a perf_counter reading, on) and flush if due."""
         with self.lock:
             self.events.append(event)
+            self.num_events += 1
             n = len(self.events)
+        self.self_s += time.perf_counter() - t0
         if n >= self.flush_every or time.monotonic() - self.last_flush > self.flush_interval_s:
             self.flush()
 
     def flush(self) -> None:
+        t0 = time.perf_counter()
         with self.lock:
             events, self.events = self.events, []
             self.last_flush = time.monotonic()
@@ -60,22 +70,26 @@ class _Tracer:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
+            self.self_s += time.perf_counter() - t0
+            f.write(json.dumps({"name": "trace/self_s", "ph": "C", "ts": time.time() * 1e6, "pid": self.pid,
+                                "tid": 0, "args": {"self_s": self.self_s, "events": self.num_events}}) + "\n")
 
     def complete(self, name: str, start_s: float, dur_s: float, args: dict | None) -> None:
+        t0 = time.perf_counter()
         ev = {"name": name, "ph": "X", "ts": start_s * 1e6, "dur": dur_s * 1e6,
-              "pid": self.pid, "tid": threading.get_ident() % 1_000_000}
-        cat = name.split("/", 1)[0]
-        ev["cat"] = cat
+              "pid": self.pid, "tid": threading.get_ident() % 1_000_000, "cat": name.split("/", 1)[0]}
         if args:
             ev["args"] = args
-        self._emit(ev)
+        self._emit(ev, t0)
 
     def counter(self, name: str, values: dict) -> None:
+        t0 = time.perf_counter()
         self._emit({"name": name, "ph": "C", "ts": time.time() * 1e6, "pid": self.pid,
-                    "tid": 0, "args": values})
+                    "tid": 0, "args": values}, t0)
 
     def thread_name(self, pid: int, tid: int, name: str) -> None:
-        self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}},
+                   time.perf_counter())
 
 
 _tracer: _Tracer | None = None
@@ -152,8 +166,9 @@ def record_on(name: str, start_s: float, dur_s: float, pid: int, tid: int, **arg
     """Record a span on another process's or a named thread's track (e.g. the trainer's idle
     time, which only the orchestrator sees); name the track once with :func:`name_thread`."""
     if _tracer is not None:
+        t0 = time.perf_counter()
         _tracer._emit({"name": name, "cat": name.split("/", 1)[0], "ph": "X", "ts": start_s * 1e6,
-                       "dur": dur_s * 1e6, "pid": pid, "tid": tid, "args": args})
+                       "dur": dur_s * 1e6, "pid": pid, "tid": tid, "args": args}, t0)
 
 
 def name_thread(pid: int, tid: int, name: str) -> None:
@@ -166,6 +181,13 @@ def counter(name: str, **values: float) -> None:
     """Record a counter sample (a line in the trace viewer), e.g. buffer fill."""
     if _tracer is not None:
         _tracer.counter(name, values)
+
+
+def add_self_time(seconds: float) -> None:
+    """Count time spent on tracing outside the tracer (e.g. the orchestrator's wait bookkeeping)
+    in this process's "trace/self_s"."""
+    if _tracer is not None:
+        _tracer.self_s += seconds
 
 
 def flush() -> None:

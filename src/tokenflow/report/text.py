@@ -36,6 +36,9 @@ def run_numbers(run: RunData) -> dict:
         "engine_pause_ms_mean": float(np.mean(pauses)) * 1e3 if len(pauses) else None,
         "last_reward_mean": s.get("last_reward_mean", run.last("reward/mean")),
         "trace": run.trace_path is not None,
+        # the tracer's own time per process kind, as a fraction of the run's wall time
+        "trace_cost_frac": ({k: v / s["wall_s"] for k, v in run.timeline.tracer_cost().items()}
+                            if run.timeline is not None and s.get("wall_s") else {}),
     }
 
 
@@ -63,7 +66,16 @@ ROWS = [
     ("admission blocked", lambda n: f"{n['admission_wait_s']:.1f} s"),
     ("engine pause per sync", lambda n: _num(".2f")(n["engine_pause_ms_mean"]) + " ms"),
     ("trace", lambda n: "yes" if n["trace"] else "no (--metrics.trace true)"),
+    ("tracer's own time", lambda n: _trace_cost(n["trace_cost_frac"])),
 ]
+
+
+def _trace_cost(cost: dict[str, float]) -> str:
+    """The busiest process's tracer time as a share of the run (the trace's overhead)."""
+    if not cost:
+        return "-"
+    kind = max(cost, key=cost.get)
+    return f"{cost[kind]:.2%} ({kind})"
 
 
 def bench_check(numbers: list[dict]) -> list[str]:

@@ -56,6 +56,8 @@ class Timeline:
     spans: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     """span name → [(pid, start, end)] in seconds from t0."""
     counters: dict[str, list[tuple[float, dict]]] = field(default_factory=dict)
+    tracer_self_s: dict[int, float] = field(default_factory=dict)
+    """pid → seconds the tracer itself spent in that process (its "trace/self_s" counter)."""
 
     @classmethod
     def load(cls, path: str | Path) -> Timeline:
@@ -68,17 +70,20 @@ class Timeline:
                      if e.get("ph") == "M" and e.get("name") == "process_name"}
         spans: dict[str, list] = defaultdict(list)
         counters: dict[str, list] = defaultdict(list)
+        self_s: dict[int, float] = {}
         for e in events:
             ph = e.get("ph")
             if ph == "X":
                 s = e["ts"] / 1e6
                 spans[e["name"]].append((e["pid"], s, s + e.get("dur", 0.0) / 1e6))
+            elif ph == "C" and e["name"] == "trace/self_s":
+                self_s[e["pid"]] = max(self_s.get(e["pid"], 0.0), e["args"]["self_s"])
             elif ph == "C":
                 counters[e["name"]].append((e["ts"] / 1e6, e.get("args", {})))
         t0 = _window_start(spans)
         rel = {k: sorted((p, s - t0, e - t0) for p, s, e in v) for k, v in spans.items()}
         cnt = {k: sorted(((t - t0, a) for t, a in v), key=lambda x: x[0]) for k, v in counters.items()}
-        return cls(t0, processes, rel, cnt)
+        return cls(t0, processes, rel, cnt, self_s)
 
     # ---- queries -------------------------------------------------------------------------------
     def intervals(self, names, process: str | None = None) -> np.ndarray:
@@ -91,6 +96,14 @@ class Timeline:
         """Kinds of process (name without a trailing number) that recorded at least one span."""
         pids = {pid for v in self.spans.values() for pid, _, _ in v}
         return {self.processes.get(p, "?").rstrip("0123456789") for p in pids}
+
+    def tracer_cost(self) -> dict[str, float]:
+        """Process kind → the most seconds the tracer spent in one process of that kind."""
+        out: dict[str, float] = {}
+        for pid, sec in self.tracer_self_s.items():
+            kind = self.processes.get(pid, "?").rstrip("0123456789")
+            out[kind] = max(out.get(kind, 0.0), sec)
+        return out
 
     def idle_in_bins(self, edges: np.ndarray) -> dict[str, np.ndarray]:
         return {"engine": 1.0 - busy_in_bins(self.intervals(ENGINE_BUSY), edges),
