@@ -59,6 +59,7 @@ def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_clus
     rows = step_rows(run)
     assert [r["step"] for r in rows] == list(range(1, 8))
     assert all(r["rollout/count"] == 16 for r in rows)  # whole groups only
+    assert all(r["perf/engine_tokens_per_s"] >= 0 for r in rows)  # the dead process's counts kept
     # The engine came back: Ray restarted the actor and the orchestrator re-sent its groups.
     restarts = [r.getMessage() for r in caplog.records if "restarted" in r.getMessage()]
     assert len(restarts) == 1 and "engine restarted (restart 1)" in restarts[0], restarts

@@ -76,6 +76,9 @@ class EngineWorker:
             self.pending_weights.append(msg)
             self._begin_next()
         elif isinstance(msg, AttachSync):
+            if self.receiver is not None:  # sent again after a lost contact: start over
+                self.receiver.close()
+                self.receiving = False
             self.receiver = make_receiver(msg.spec, receiver_index=msg.receiver_index)
             self.receiver.connect()
             # A restarted engine attaches mid-run: start from the newest weights the transport

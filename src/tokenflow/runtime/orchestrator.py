@@ -191,6 +191,11 @@ class Orchestrator:
         log.warning("%s restarted (restart %d); re-sending its in-flight groups %s", msg.worker, msg.restarts, lost)
         self.last_msg_from[msg.worker] = time.monotonic()
         engine.load = 0
+        # The new process counts from zero: keep the dead one's totals (not its gauges).
+        last = self.engine_totals.per_engine.pop(msg.worker, None)
+        if last is not None:
+            self.engine_totals.per_engine[f"{msg.worker}#{msg.restarts}"] = dataclasses.replace(
+                last, running=0, waiting=0)
         if self.sync_spec is not None:
             engine.send(M.AttachSync(self.sync_spec, receiver_index=index))
         if self.blocking and self.trainer_busy:

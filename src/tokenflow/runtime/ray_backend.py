@@ -95,7 +95,12 @@ class RayWorker:
         if info["pid"] == self.pid:
             if info["exit_code"]:  # the loop failed; its WorkerFailed message is on the way
                 raise WorkerDied(f"the {self.name} actor's loop exited with code {info['exit_code']}")
-            return False
+            if self.up:
+                return False
+            # A probe failed but the process lived on (lost contact): its loop still runs, but
+            # messages were dropped meanwhile, so the orchestrator re-sends as after a restart.
+            self.up = True
+            return True
         if self.pid is not None and self.up:  # a new process answered before a probe failed
             self._died("its process was replaced")
         self.pid, self.node = info["pid"], info["node"]

@@ -33,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, collate
+from tokenflow.trainer.checkpoint import set_rng_state
 from tokenflow.trainer.distributed import RankGroup, partition
 from tokenflow.trainer.model import CausalLMRunner
 from tokenflow.trainer.schedule import build_scheduler
@@ -188,6 +189,8 @@ class FSDPTrainer(Trainer):
             yield name, torch.empty(t.shape, dtype=t.dtype, device="meta")
 
     def state_dict(self) -> dict:
+        """As ``Trainer.state_dict``, with weights and optimizer state gathered in full (by
+        parameter name, on CPU): the same on every rank, which must all call it."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
@@ -200,8 +203,8 @@ class FSDPTrainer(Trainer):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Optimizer (full, by parameter name), scheduler, version, RNG; the weights come from
-        the checkpoint's model folder, loaded before sharding."""
+        """Optimizer (full, by parameter name; each rank keeps its shard), scheduler, version,
+        RNG; the weights come from the checkpoint's model folder, loaded before sharding."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
@@ -213,6 +216,7 @@ class FSDPTrainer(Trainer):
         self.version = int(state["version"])
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
+        set_rng_state(state.get("rng") or {})
 
     def save_pretrained(self, directory: str | Path) -> Path:
         weights = dict(self.named_weights())
