@@ -93,6 +93,8 @@ class RunTracer:
         changed = False
         for name, status in self.orch.engine_totals.per_engine.items():
             last = self.engine_clock.get(name)
+            if last is not None and status.wall_s < last[1]:  # a restarted engine: new clocks
+                last = None
             if last is not None and status.wall_s > last[1]:
                 self.engine_rates[name] = (status.tokens - last[0]) / (status.wall_s - last[1])
                 changed = True
