@@ -134,7 +134,7 @@ class EngineWorker:
         msg = self.pending_weights.pop(0)
         self.receiving = False
         t0 = time.perf_counter()
-        with trace.span("engine/weight_swap", version=msg.version, mode=self.mode):
+        with trace.span("sync/apply", version=msg.version, mode=self.mode):
             # Blocking: generation is paused while the trainer steps, so swap at once (a drain
             # would wait for paused sequences forever).
             mode = "inflight" if self.mode == "blocking" else self.mode

@@ -121,6 +121,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     summary["run_dir"] = str(rd.root)
     _write_json(rd.summary, summary)
     if trace_dir:
+        trace.configure(None, "orchestrator")  # stop tracing this process once the run is over
         n = trace.merge(trace_dir, rd.root / "trace.json")
         log.info("wrote %s (%d events)", rd.root / "trace.json", n)
     return summary
