@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 # name -> module; each module defines register(subparsers) and does heavy imports in run().
 BENCHMARKS = {
     "engine": "tokenflow.bench.engine",
@@ -13,14 +11,8 @@ BENCHMARKS = {
 
 
 def register(subparsers) -> None:
+    from tokenflow.cli.main import register_all
+
     parser = subparsers.add_parser("bench", help="benchmarks (engine, pipeline, sync)")
-    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
-    for name, module in BENCHMARKS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        mod.register(sub)
+    register_all(parser.add_subparsers(dest="bench", metavar="BENCHMARK"), BENCHMARKS)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

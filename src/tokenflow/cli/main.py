@@ -27,16 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Asynchronous RL post-training for language models.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # a command whose module is not part of this build
-        mod.register(sub)
+    register_all(parser.add_subparsers(dest="command", metavar="COMMAND"), COMMANDS)
     return parser
+
+
+def register_all(subparsers, modules: dict[str, str]) -> None:
+    """Let each command module add its parser (their imports are light; heavy ones wait for run)."""
+    for module in modules.values():
+        importlib.import_module(module).register(subparsers)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -197,16 +197,9 @@ def flush() -> None:
 
 def merge(trace_dir: str | os.PathLike, out_path: str | os.PathLike) -> int:
     """Join every per-process ``*.jsonl`` under ``trace_dir`` into one trace-event JSON file."""
-    events: list[dict] = []
-    for f in sorted(Path(trace_dir).glob("*.jsonl")):
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    try:
-                        events.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        continue  # a process killed mid-write leaves a torn last line
+    from tokenflow.metrics.sinks import read_jsonl  # skips the torn line of a killed process
+
+    events = [e for f in sorted(Path(trace_dir).glob("*.jsonl")) for e in read_jsonl(f)]
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return len(events)
