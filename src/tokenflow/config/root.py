@@ -46,6 +46,17 @@ class TrainConfig(ConfigModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """Metric sinks, traces, progress display."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_total_steps(cls, data):
+        """A cosine schedule decays over the run: trainer.total_steps defaults to run.steps."""
+        if isinstance(data, dict):
+            trainer = data.get("trainer")
+            if isinstance(trainer, dict) and trainer.get("schedule") == "cosine" and "total_steps" not in trainer:
+                run = data.get("run") if isinstance(data.get("run"), dict) else {}
+                data = {**data, "trainer": {**trainer, "total_steps": run.get("steps", RunConfig().steps)}}
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "TrainConfig":
         check_compatible(self.trainer, self.algorithm)
@@ -56,8 +67,6 @@ class TrainConfig(ConfigModel):
                 f"rollout.prompts_per_step × rollout.group_size ({want}); set only the rollout section")
         # Derived, not duplicated: the trainer's batch is the rollout section's step.
         object.__setattr__(self.trainer, "rollouts_per_step", want)
-        if self.trainer.schedule == "cosine" and self.trainer.total_steps is None:
-            object.__setattr__(self.trainer, "total_steps", self.run.steps)
         if self.sync.every > self.rollout.max_staleness + 1:
             raise ValueError(
                 f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
