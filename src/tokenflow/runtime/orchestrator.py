@@ -18,10 +18,8 @@ inbox and checks on each turn that all workers are alive, so a failure surfaces 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
-from pathlib import Path
 
 from tokenflow.buffer import RolloutBuffer
 from tokenflow.evaluation import encode_prompt
@@ -30,19 +28,16 @@ from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
 from tokenflow.runtime.calibration_log import CalibrationLog
 from tokenflow.runtime.progress import Progress
+from tokenflow.runtime.restarts import resend_after_restart
+from tokenflow.runtime.seeds import request_seed
 from tokenflow.runtime.run_dir import RunDir
-from tokenflow.runtime.step_metrics import EngineTotals, IdleClock, batch_metrics
+from tokenflow.runtime.step_metrics import EngineTotals, IdleClock, batch_metrics, engine_metrics, sync_metrics
 
 log = logging.getLogger(__name__)
 
 
 class RunFailed(RuntimeError):
     pass
-
-
-def request_seed(run_seed: int, prompt_id: int) -> int:
-    """Per-prompt sampling seed: the same prompt gets the same samples in every run and on resume."""
-    return (run_seed * 1_000_003 + prompt_id) % (2**31 - 1)
 
 
 class Orchestrator:
@@ -175,39 +170,11 @@ class Orchestrator:
             for i, engine in enumerate(self.backend.engines):
                 engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
         elif isinstance(msg, M.WorkerRestarted):
-            self._on_engine_restarted(msg)
+            resend_after_restart(self, msg)
         elif isinstance(msg, M.WorkerFailed):
             raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
         else:
             raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
-
-    def _on_engine_restarted(self, msg: M.WorkerRestarted) -> None:
-        """A replacement engine process is up (Ray backend); what the dead one held is gone.
-        Re-send the sync spec (it attaches and loads the newest weights before generating) and
-        its in-flight groups, with their original seeds. ``engine_versions`` keeps the dead
-        engine's version until the new one reports a load: it cannot load anything older."""
-        index, engine = next((i, h) for i, h in enumerate(self.backend.engines) if h.name == msg.worker)
-        lost = sorted(gid for gid, h in self.group_engine.items() if h is engine)
-        log.warning("%s restarted (restart %d); re-sending its in-flight groups %s", msg.worker, msg.restarts, lost)
-        self.last_msg_from[msg.worker] = time.monotonic()
-        engine.load = 0
-        # The new process counts from zero: keep the dead one's totals (not its gauges).
-        last = self.engine_totals.per_engine.pop(msg.worker, None)
-        if last is not None:
-            self.engine_totals.per_engine[f"{msg.worker}#{msg.restarts}"] = dataclasses.replace(
-                last, running=0, waiting=0)
-        if self.sync_spec is not None:
-            engine.send(M.AttachSync(self.sync_spec, receiver_index=index))
-        if self.blocking and self.trainer_busy:
-            engine.send(M.SetPaused(True))
-        for gid in lost:
-            del self.group_engine[gid]
-            if gid < 0:
-                prompt, kind, params = self.task.eval_prompts()[-gid - 1], "eval", self.eval_params
-            else:
-                prompt, kind = self.prompts[gid], "train"
-                params = dataclasses.replace(self.train_params, seed=request_seed(self.cfg.run.seed, prompt.id))
-            self._send_generate(gid, prompt, kind, params)
 
     def _check_timeouts(self) -> None:
         limit = self.cfg.runtime.worker_timeout_s
@@ -243,22 +210,12 @@ class Orchestrator:
             self.prompts.pop(g[0].group_id, None)
         self.pending_batch = (prompt_ids, batch_metrics(batch))
         if self.cfg.run.save_rollouts:
-            self._save_rollouts(step, rollouts)
+            self.run_dir.append_rollouts(step, rollouts)
         if self.blocking:
             self.backend.broadcast(M.SetPaused(True))
         self.trainer_busy = True
         self.last_msg_from[self.backend.trainer.name] = time.monotonic()
         self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
-
-    def _save_rollouts(self, step: int, rollouts) -> None:
-        with open(self.run_dir.rollouts, "a", encoding="utf-8") as f:
-            for r in rollouts:
-                f.write(json.dumps({
-                    "step": step, "group_id": r.group_id, "prompt_id": r.prompt_id,
-                    "sample_index": r.sample_index, "prompt_ids": r.prompt_ids.tolist(),
-                    "completion_ids": r.completion_ids.tolist(), "logprobs": r.logprobs.tolist(),
-                    "versions": r.versions.tolist(), "reward": r.reward, "failed": r.failed,
-                    "finish_reason": r.finish_reason, "text": r.text}) + "\n")
 
     def _on_trained(self, msg: M.Trained) -> None:
         self.step = msg.step
@@ -267,8 +224,13 @@ class Orchestrator:
         self.calibration.trainer_step(msg)
         prompt_ids, bmetrics = self.pending_batch
         self.pending_batch = None
-        metrics = {**msg.metrics, **bmetrics, **self.buffer.metrics(), **self._engine_metrics(),
-                   **self._sync_metrics()}
+        timings, self.sync_timings = self.sync_timings, []
+        self.calibration.sync(timings)
+        now, tokens = time.monotonic(), self.engine_totals.total("tokens")
+        rate = (tokens - self._last_engine_sample[1]) / max(now - self._last_engine_sample[0], 1e-9)
+        self._last_engine_sample = (now, tokens)
+        metrics = {**msg.metrics, **bmetrics, **self.buffer.metrics(), **sync_metrics(timings),
+                   **engine_metrics(self.engine_totals, rate, min(self.engine_versions.values()))}
         wall = self.wall_s()
         metrics.update({"time/wall_s": wall, "time/step_s": wall - self.last_step_wall,
                         "perf/trainer_idle_frac": self.idle.trainer_idle(wall - self.wall_offset),
@@ -288,30 +250,6 @@ class Orchestrator:
         every = self.cfg.run.checkpoint_every
         if every and self.step % every == 0 and self.step < self.cfg.run.steps:
             self.checkpoint()
-
-    def _engine_metrics(self) -> dict[str, float]:
-        now = time.monotonic()
-        tokens = self.engine_totals.total("tokens")
-        dt = now - self._last_engine_sample[0]
-        rate = (tokens - self._last_engine_sample[1]) / dt if dt > 0 else 0.0
-        self._last_engine_sample = (now, tokens)
-        steps = self.engine_totals.total("decode_steps")
-        return {"perf/engine_tokens_per_s": rate, "engine/tokens_total": tokens,
-                "engine/decode_step_s": self.engine_totals.total("decode_s") / steps if steps else 0.0,
-                "engine/running": self.engine_totals.total("running"),
-                "engine/waiting": self.engine_totals.total("waiting"),
-                "engine/version": float(min(self.engine_versions.values()))}
-
-    def _sync_metrics(self) -> dict[str, float]:
-        timings, self.sync_timings = self.sync_timings, []
-        out: dict[str, float] = {}
-        for key in sorted({k for t in timings for k in t}):
-            vals = [t[key] for t in timings if key in t]
-            out[f"{key}_mean" if key.endswith("_s") else key] = sum(vals) / len(vals)
-            if key == "sync/engine_pause_s":
-                out["sync/engine_pause_max_s"] = max(vals)
-        self.calibration.sync(timings)
-        return out
 
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoint(self) -> None:

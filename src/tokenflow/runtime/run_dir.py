@@ -88,6 +88,17 @@ class RunDir:
             buffer_state = pickle.load(f)
         return state, buffer_state
 
+    def append_rollouts(self, step: int, rollouts) -> None:
+        """Record the rollouts a step consumed (``run.save_rollouts``), one JSON object each."""
+        with open(self.rollouts, "a", encoding="utf-8") as f:
+            for r in rollouts:
+                f.write(json.dumps({
+                    "step": step, "group_id": r.group_id, "prompt_id": r.prompt_id,
+                    "sample_index": r.sample_index, "prompt_ids": r.prompt_ids.tolist(),
+                    "completion_ids": r.completion_ids.tolist(), "logprobs": r.logprobs.tolist(),
+                    "versions": r.versions.tolist(), "reward": r.reward, "failed": r.failed,
+                    "finish_reason": r.finish_reason, "text": r.text}) + "\n")
+
     def truncate_after(self, step: int) -> None:
         """Forget rows logged after ``step`` (work the killed run did past its last checkpoint)."""
         for path in (self.metrics, self.ledger, self.rollouts):

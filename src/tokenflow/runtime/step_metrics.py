@@ -69,3 +69,22 @@ class IdleClock:
         wall = engines.total("wall_s") - self.engine_wall_at_start
         busy = engines.total("busy_s") - self.engine_busy_at_start
         return max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0
+
+
+def engine_metrics(totals: EngineTotals, tokens_per_s: float, version: int) -> dict[str, float]:
+    steps = totals.total("decode_steps")
+    return {"perf/engine_tokens_per_s": tokens_per_s, "engine/tokens_total": totals.total("tokens"),
+            "engine/decode_step_s": totals.total("decode_s") / steps if steps else 0.0,
+            "engine/running": totals.total("running"), "engine/waiting": totals.total("waiting"),
+            "engine/version": float(version)}
+
+
+def sync_metrics(timings: list[dict]) -> dict[str, float]:
+    """Weight loads since the last step: the mean of each timing, and the longest engine pause."""
+    out: dict[str, float] = {}
+    for key in sorted({k for t in timings for k in t}):
+        vals = [t[key] for t in timings if key in t]
+        out[f"{key}_mean" if key.endswith("_s") else key] = sum(vals) / len(vals)
+        if key == "sync/engine_pause_s":
+            out["sync/engine_pause_max_s"] = max(vals)
+    return out

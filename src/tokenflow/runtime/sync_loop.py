@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from tokenflow.evaluation import encode_prompt
-from tokenflow.runtime.orchestrator import request_seed
+from tokenflow.runtime.seeds import request_seed
 from tokenflow.runtime.step_metrics import batch_metrics
 from tokenflow.scoring.pool import normalise_reward
 

@@ -1,0 +1,41 @@
+"""What the orchestrator does when the backend reports a restarted engine (Ray backend)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from tokenflow.runtime import messages as M
+from tokenflow.runtime.seeds import request_seed
+
+log = logging.getLogger("tokenflow.runtime.orchestrator")
+
+
+def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
+    """A replacement engine process is up (Ray backend); what the dead one held is gone.
+    Re-send the sync spec (it attaches and loads the newest weights before generating) and
+    its in-flight groups, with their original seeds. ``engine_versions`` keeps the dead
+    engine's version until the new one reports a load: it cannot load anything older."""
+    index, engine = next((i, h) for i, h in enumerate(orch.backend.engines) if h.name == msg.worker)
+    lost = sorted(gid for gid, h in orch.group_engine.items() if h is engine)
+    log.warning("%s restarted (restart %d); re-sending its in-flight groups %s", msg.worker, msg.restarts, lost)
+    orch.last_msg_from[msg.worker] = time.monotonic()
+    engine.load = 0
+    # The new process counts from zero: keep the dead one's totals (not its gauges).
+    last = orch.engine_totals.per_engine.pop(msg.worker, None)
+    if last is not None:
+        orch.engine_totals.per_engine[f"{msg.worker}#{msg.restarts}"] = dataclasses.replace(
+            last, running=0, waiting=0)
+    if orch.sync_spec is not None:
+        engine.send(M.AttachSync(orch.sync_spec, receiver_index=index))
+    if orch.blocking and orch.trainer_busy:
+        engine.send(M.SetPaused(True))
+    for gid in lost:
+        del orch.group_engine[gid]
+        if gid < 0:
+            prompt, kind, params = orch.task.eval_prompts()[-gid - 1], "eval", orch.eval_params
+        else:
+            prompt, kind = orch.prompts[gid], "train"
+            params = dataclasses.replace(orch.train_params, seed=request_seed(orch.cfg.run.seed, prompt.id))
+        orch._send_generate(gid, prompt, kind, params)
