@@ -9,7 +9,7 @@ Layout (one concept per file): `config` (EngineConfig), `sampling_params`, `sequ
 
 from tokenflow._lazy import lazy_getattr
 from tokenflow.engine.config import EngineConfig
-from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
+from tokenflow.engine.errors import InvalidRequest, UnsupportedModel, WeightUpdateError
 from tokenflow.engine.sampling_params import SamplingParams
 
 # The engine itself imports torch; it loads on first use so that reading a config stays light.
@@ -19,5 +19,5 @@ _EXPORTS = {
     "weights_checksum": "tokenflow.engine.weights",
 }
 __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
-__all__ = ["Engine", "EngineConfig", "InvalidRequest", "RolloutEngine", "SamplingParams",
+__all__ = ["Engine", "EngineConfig", "InvalidRequest", "RolloutEngine", "SamplingParams", "UnsupportedModel",
            "WeightUpdateError", "weights_checksum"]

@@ -12,3 +12,11 @@ class InvalidRequest(ValueError):
 
 class WeightUpdateError(ValueError):
     """A weight update was refused; the engine keeps its previous weights and version."""
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint uses a feature the built-in engine does not implement; the message names it.
+
+    Such models still train (the trainer runs them through transformers); generate them with
+    an engine that supports the feature.
+    """

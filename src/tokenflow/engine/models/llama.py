@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenflow.engine.errors import UnsupportedModel
 from tokenflow.engine.models.attention import (
     AttentionContext,
     decode_attention,
@@ -60,7 +61,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         size = config.intermediate_size
         if getattr(config, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act {config.hidden_act!r}: only SwiGLU (silu) is supported")
+            raise UnsupportedModel(f"hidden_act {config.hidden_act!r}: only SwiGLU (silu) is supported")
         self.gate_up_proj = MergedLinear(config.hidden_size, [("gate_proj", size), ("up_proj", size)],
                                          bias=flags.mlp_bias)
         self.down_proj = nn.Linear(size, config.hidden_size, bias=flags.mlp_bias)

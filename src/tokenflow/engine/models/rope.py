@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from tokenflow.engine.errors import UnsupportedModel
+
 # Rope types whose frequencies change with the sequence length at run time.
 _DYNAMIC_TYPES = ("dynamic", "longrope")
 
@@ -34,13 +36,13 @@ def inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
     params = rope_parameters(config)
     rope_type = params["rope_type"]
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise NotImplementedError("partial_rotary_factor != 1 is not supported by the built-in engine")
+        raise UnsupportedModel("partial_rotary_factor != 1 is not supported by the built-in engine")
     if rope_type == "default":
         theta = params["rope_theta"]
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         return inv_freq, 1.0
     if rope_type in _DYNAMIC_TYPES:
-        raise NotImplementedError(
+        raise UnsupportedModel(
             f"rope_type {rope_type!r} changes with the sequence length; the built-in engine "
             "supports static rope types (default, linear, llama3, yarn)"
         )
@@ -48,7 +50,7 @@ def inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise NotImplementedError(f"unknown rope_type {rope_type!r}")
+        raise UnsupportedModel(f"unknown rope_type {rope_type!r}")
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scaling)
 
