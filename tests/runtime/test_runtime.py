@@ -1,6 +1,7 @@
 """The async runtime end to end: real processes, the shipped model, real files.
 
-* max_staleness 0 reproduces the plain synchronous loop step for step;
+* max_staleness 0 reproduces the plain synchronous loop step for step, over either weight
+  transport;
 * in-flight weight updates lose no rollout and tag every token with the version that made it;
 * the engine's pause per update stays within one decode step.
 """
@@ -19,8 +20,12 @@ from tokenflow.runtime.launch import train
 from tokenflow.runtime.sync_loop import run_sync_loop
 
 
-def test_synchronous_runtime_matches_the_plain_loop(tmp_path, default_model):
-    cfg = small_config("--rollout.max_staleness", "0", "--run.steps", "3", "--run.checkpoint_every", "0")
+@pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])
+def test_synchronous_runtime_matches_the_plain_loop(tmp_path, default_model, transport):
+    # The broadcast trainer trains its weights placed in the sync buckets and sends them from
+    # there, striped across two connections: the numbers must not move.
+    cfg = small_config("--rollout.max_staleness", "0", "--run.steps", "3", "--run.checkpoint_every", "2",
+                       "--sync.transport", transport, "--sync.bucket_mb", "2.5")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 3 and summary["mode"] == "sync"
     rows = step_rows(tmp_path / "run")

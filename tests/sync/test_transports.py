@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenflow.sync.base import make_receiver, make_sender
-from tokenflow.sync.layout import pack, plan_layout, views
+from tokenflow.sync.layout import allocate_in_buckets, in_place_bytes, pack, plan_layout, views
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -49,24 +49,65 @@ def test_layout_packs_and_unpacks_exactly():
         pack(layout, list(w.items())[:2], buckets)
 
 
-@pytest.mark.parametrize("transport,opts", [
-    ("shared_memory", {}),
-    ("broadcast", {"bucket_mb": 0.004}),
-    ("broadcast", {"per_param": True}),
+def _big_weights(seed: int) -> dict[str, torch.Tensor]:
+    """~6 MiB: buckets large enough to be striped across connections (≥ 1 MiB a stripe)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"model.embed_tokens.weight": torch.randn(1000, 600, generator=g),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(900, 600, generator=g),
+            "model.norm.weight": torch.randn(600, generator=g),
+            "lm_head.weight": torch.randn(1000, 600, generator=g).to(torch.bfloat16)}
+
+
+def test_placed_weights_are_sent_in_place_and_others_are_not():
+    w = _weights(0)
+    layout = plan_layout(w.items(), bucket_bytes=4096)
+    placed = allocate_in_buckets(layout, w.items())
+    for name in w:
+        assert torch.equal(placed[name], w[name]) and placed[name].data_ptr() != w[name].data_ptr()
+    for b in range(len(layout.bucket_sizes)):
+        names = [s.name for s in layout.slots if s.bucket == b]
+        raw = in_place_bytes(layout, b, [placed[n] for n in names])
+        assert raw is not None and raw.numel() == layout.bucket_sizes[b]
+        assert raw.data_ptr() == placed[names[0]].data_ptr() - layout.slots[layout.names.index(names[0])].offset
+        multi = len(names) > 1 or layout.slots[layout.names.index(names[0])].nbytes != layout.bucket_sizes[b]
+        if multi:  # separate tensors (or a copy) are not where the layout puts them
+            assert in_place_bytes(layout, b, [w[n] for n in names]) is None
+            assert in_place_bytes(layout, b, [placed[n].clone() for n in names]) is None
+    # A tied weight keeps one place: the other slot's bucket is no longer in place.
+    tied = dict(placed)
+    tied["lm_head.weight"] = tied["model.embed_tokens.weight"].to(torch.bfloat16)
+    last = layout.slots[-1].bucket
+    assert in_place_bytes(layout, last, [tied[s.name] for s in layout.slots if s.bucket == last]) is None
+
+
+@pytest.mark.parametrize("transport,opts,weights,placed", [
+    ("shared_memory", {}, _weights, False),
+    ("broadcast", {"bucket_mb": 0.004}, _weights, False),
+    ("broadcast", {"bucket_mb": 0.004}, _weights, True),
+    ("broadcast", {"per_param": True}, _weights, False),
+    ("broadcast", {"bucket_mb": 3, "streams": 3}, _big_weights, False),
+    ("broadcast", {"bucket_mb": 3, "streams": 2}, _big_weights, True),
 ])
-def test_transport_delivers_every_version(transport, opts):
+def test_transport_delivers_every_version(transport, opts, weights, placed):
     ctx = mp.get_context("spawn")
-    w0 = _weights(0)
+    w0 = weights(0)
     sender = make_sender(transport, w0.items(), **opts)
+    held = allocate_in_buckets(sender.spec.layout, w0.items()) if placed else None
     in_q, out_q = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=_engine, args=(sender.spec, in_q, out_q), daemon=True)
     proc.start()
     try:
         sender.connect()
         for version in (1, 2, 3):
-            w = _weights(version)
+            w = weights(version)
+            if held is not None:  # a trainer updating its placed parameters in place
+                for name, t in w.items():
+                    held[name].copy_(t)
+                w = held
             timings = sender.send(w.items(), version, notify=in_q.put)
             assert timings["sync/bytes"] > 0
+            if placed:
+                assert timings["sync/pack_s"] == 0.0  # nothing was copied: sent where it lives
             got_version, got = out_q.get(timeout=60)
             assert got_version == version
             assert set(got) == set(w)
@@ -80,3 +121,14 @@ def test_transport_delivers_every_version(transport, opts):
         sender.close()
         if proc.is_alive():
             proc.kill()
+
+
+def test_buckets_are_striped_by_size_alone():
+    from tokenflow.sync.broadcast import _stripes
+
+    buf = torch.zeros(3 * 2**20 + 5, dtype=torch.uint8)
+    parts = _stripes(buf, 2)
+    assert len(parts) == 2 and sum(p.numel() for p in parts) == buf.numel()
+    assert parts[1].data_ptr() == parts[0].data_ptr() + parts[0].numel()  # contiguous views, no copy
+    assert len(_stripes(buf, 8)) == 3  # never a stripe under 1 MiB
+    assert len(_stripes(buf[: 2**20], 4)) == 1

@@ -106,6 +106,9 @@ class SyncConfig(ConfigModel):
     """Push weights to the engine every N optimizer steps."""
     bucket_mb: float = Field(default=32.0, gt=0)
     """Bucket size for the packed broadcast, in MiB."""
+    streams: int = Field(default=2, ge=1)
+    """Gloo (CPU) broadcast: TCP connections per peer; each bucket is striped across them, since
+    one connection does not fill the wire. NCCL (GPU) ignores it."""
     checksum: bool = False
     """Verify each update with a checksum of the loaded weights."""
     timeout_s: float = Field(default=120.0, gt=0)

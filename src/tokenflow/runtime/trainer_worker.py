@@ -87,10 +87,12 @@ class TrainerWorker:
         sync = self.cfg.sync
         opts = {"num_receivers": len(self.engine_qs), "timeout_s": sync.timeout_s}
         if sync.transport == "broadcast":
-            opts.update(bucket_mb=sync.bucket_mb, device=str(self.trainer.device))
+            opts.update(bucket_mb=sync.bucket_mb, streams=sync.streams, device=str(self.trainer.device))
         # Shapes only: the layout needs no values, and a sharded trainer's values are collectives.
         shapes = getattr(self.trainer, "weight_shapes", self.trainer.named_weights)()
         self.sender = make_sender(sync.transport, shapes, **opts)
+        if sync.transport == "broadcast":  # a push then sends the weights where they are
+            self.trainer.place_weights(self.sender.spec.layout)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         self.out_q.put(Envelope(self.name, TrainerReady(self.trainer.version, self.sender.spec, n_params)))
         self.sender.connect()
@@ -104,7 +106,9 @@ class TrainerWorker:
             q.put(msg)
 
     def push_weights(self) -> dict[str, float]:
-        named = self.trainer.named_weights
+        # A broadcast takes the weights where they live (GPU for NCCL); shared memory wants CPU.
+        on_device = self.cfg.sync.transport == "broadcast"
+        named = lambda: self.trainer.named_weights(cpu=not on_device)  # noqa: E731
         if self.sender is None:  # ranks > 0: take part in the gathers rank 0's send makes
             for _ in range(2 if self.cfg.sync.checksum else 1):
                 for _ in named():
@@ -114,7 +118,7 @@ class TrainerWorker:
         if self.cfg.sync.checksum:
             from tokenflow.engine import weights_checksum
 
-            checksum = weights_checksum(named())
+            checksum = weights_checksum(self.trainer.named_weights())
         with trace.span("sync/send", version=self.trainer.version):
             return self.sender.send(named(), self.trainer.version, notify=self.notify_engines, checksum=checksum)
 

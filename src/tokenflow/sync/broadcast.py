@@ -8,7 +8,11 @@ bandwidth, dominates small models. ``per_param=True`` sends one blocking broadca
 as a loop over the parameters does: the baseline ``tokenflow bench sync`` compares against.
 
 The sender streams: it announces the version, then packs bucket k into one of two preallocated
-staging buffers while bucket k − 1 is on the wire. A sharded trainer's ``named_weights()``
+staging buffers while bucket k − 1 is on the wire. On CPU the wire is TCP over loopback or a
+network, and one connection does not fill it: with ``streams`` > 1 the group opens that many gloo
+connections per peer and every bucket travels as ``streams`` stripes, one per connection, in
+parallel (NCCL stripes across its own channels, so it gets one). Stripes are cut by size alone,
+so both ends agree on them without a message. A sharded trainer's ``named_weights()``
 gathers one full tensor at a time, so the sender never holds more than two buckets, and the
 gathers overlap the broadcasts. Receivers hold the whole model (they are engines) and run the
 receive in a background thread so the engine keeps decoding; the engine swaps the weights in
@@ -31,7 +35,7 @@ import torch.distributed as dist
 
 from tokenflow.metrics import trace
 from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
-from tokenflow.sync.layout import bucket_views, plan_layout, views
+from tokenflow.sync.layout import bucket_views, in_place_bytes, plan_layout, views
 
 
 def free_port() -> int:
@@ -40,8 +44,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backend: str):
-    """The standalone group; rank 0 fails naming the receivers that did not attach in time."""
+def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backend: str, streams: int = 1):
+    """The standalone group; rank 0 fails naming the receivers that did not attach in time.
+
+    Gloo gets one device (one TCP connection per peer) and one worker thread per stream: the
+    group hands consecutive collectives to consecutive connections, which is what stripes a
+    bucket across them."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     store.set(f"joined/{rank}", b"1")
@@ -58,7 +66,11 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backen
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world, opts), store
-    return dist.ProcessGroupGloo(store, rank, world, timeout), store
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host) for _ in range(streams)]
+    opts._threads = max(2, streams)
+    return dist.ProcessGroupGloo(store, rank, world, opts), store
 
 
 def _late_receivers(store, world: int, version: int) -> str:
@@ -87,6 +99,19 @@ def _broadcast(pg, t: torch.Tensor):
     return pg.broadcast([t], opts)
 
 
+_MIN_STRIPE = 1 << 20  # bytes; below this a second connection costs more latency than it saves
+
+
+def _stripes(buf: torch.Tensor, streams: int) -> list[torch.Tensor]:
+    """``buf`` (flat uint8) cut into at most ``streams`` contiguous views of ≥ 1 MiB each."""
+    n = max(1, min(streams, buf.numel() // _MIN_STRIPE))
+    return list(buf.chunk(n))
+
+
+def _broadcast_striped(pg, buf: torch.Tensor, streams: int) -> list:
+    return [_broadcast(pg, s) for s in _stripes(buf, streams)]
+
+
 class _Buffers:
     """A receiver's landing buffers: one per bucket (packed) or one per tensor (per_param)."""
 
@@ -103,15 +128,18 @@ class _Buffers:
 class BroadcastSender:
     def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, bucket_mb: float = 32.0,
                  per_param: bool = False, timeout_s: float = 120.0, device: str = "cpu",
-                 host: str = "127.0.0.1", port: int | None = None) -> None:
+                 host: str = "127.0.0.1", port: int | None = None, streams: int = 2) -> None:
         layout = plan_layout(named_tensors, int(bucket_mb * 2**20))
         self.timeout_s = timeout_s
         self.per_param = per_param
         self.device = device
         self.backend = "nccl" if device.startswith("cuda") else "gloo"
+        if streams < 1:
+            raise ValueError(f"sync.streams must be ≥ 1, got {streams}")
+        self.streams = 1 if self.backend == "nccl" or per_param else streams
         self.spec = SyncSpec("broadcast", layout, {
             "host": host, "port": port or free_port(), "world": 1 + num_receivers,
-            "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend,
+            "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend, "streams": self.streams,
         })
         if not per_param:  # two staging buffers: pack one while the other is on the wire
             biggest = max(layout.bucket_sizes)
@@ -121,7 +149,8 @@ class BroadcastSender:
     def connect(self) -> None:
         o = self.spec.options
         with trace.span("sync/connect"):
-            self._pg, self._store = _group(0, o["world"], o["host"], o["port"], self.timeout_s, self.backend)
+            self._pg, self._store = _group(0, o["world"], o["host"], o["port"], self.timeout_s, self.backend,
+                                           self.streams)
 
     def send(self, named_tensors: NamedTensors, version: int, notify, checksum: str | None = None) -> dict[str, float]:
         if self._pg is None:
@@ -141,9 +170,11 @@ class BroadcastSender:
     def _send_packed(self, named, version: int) -> tuple[float, int]:
         """Bucket by bucket, in layout order; returns (seconds spent packing, messages).
 
-        A bucket holding one tensor that fills it exactly (a tensor larger than ``bucket_mb``
-        gets a bucket of its own) goes out straight from that tensor: copying it would only
-        cost CPU time, which the wire is short of on a busy machine."""
+        A bucket whose tensors already sit in one buffer exactly as the layout places them goes
+        out straight from that buffer: a trainer whose parameters live in the buckets
+        (``allocate_in_buckets``), or one tensor that fills its bucket (a tensor larger than
+        ``bucket_mb`` gets a bucket of its own). Copying would only cost CPU time, which the
+        wire is short of on a busy machine."""
         layout, fail = self.spec.layout, self._fail(version)
         in_flight: dict[int, tuple] = {}  # staging buffer (or -1 - bucket for a direct send) -> (work, tensor)
         pack_s = 0.0
@@ -154,21 +185,21 @@ class BroadcastSender:
                 if name != slot.name or tuple(tensor.shape) != slot.shape:
                     raise ValueError(f"tensor {name!r} {tuple(tensor.shape)} arrives where the agreed weight "
                                      f"layout has {slot.name!r} {slot.shape}")
-            slot, _, _, tensor = incoming[0]
-            if len(incoming) == 1 and slot.nbytes == size and str(tensor.dtype).endswith(slot.dtype):
-                raw = tensor.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8)
-                in_flight[-1 - b] = (_broadcast(self._pg, raw), raw)
+            tensors = [t.detach().to(self.device) for _, _, _, t in incoming]
+            raw = in_place_bytes(layout, b, tensors)
+            if raw is not None:
+                in_flight[-1 - b] = (_broadcast_striped(self._pg, raw, self.streams), raw)
                 continue
             if b % 2 in in_flight:  # this staging buffer's previous bucket must be out
-                _wait_all([in_flight.pop(b % 2)[0]], f"version {version}", self.timeout_s, fail)
+                _wait_all(in_flight.pop(b % 2)[0], f"version {version}", self.timeout_s, fail)
             t = time.perf_counter()
-            for _, dst, _, tensor in incoming:
-                dst.copy_(tensor.detach())
+            for (_, dst, _, _), tensor in zip(incoming, tensors):
+                dst.copy_(tensor)
             pack_s += time.perf_counter() - t
-            in_flight[b % 2] = (_broadcast(self._pg, self._staging[b % 2][:size]), None)
+            in_flight[b % 2] = (_broadcast_striped(self._pg, self._staging[b % 2][:size], self.streams), None)
         if next(named, None) is not None:
             raise ValueError("more tensors than the agreed weight layout holds")
-        _wait_all([w for w, _ in in_flight.values()], f"version {version}", self.timeout_s, fail)
+        _wait_all([w for works, _ in in_flight.values() for w in works], f"version {version}", self.timeout_s, fail)
         return pack_s, len(layout.bucket_sizes)
 
     def _send_per_param(self, named, version: int) -> tuple[float, int]:
@@ -199,15 +230,22 @@ class BroadcastReceiver:
 
     def connect(self) -> None:
         o = self.spec.options
-        self._pg, self._store = _group(self.rank, o["world"], o["host"], o["port"], o["timeout_s"], o["backend"])
+        self._pg, self._store = _group(self.rank, o["world"], o["host"], o["port"], o["timeout_s"], o["backend"],
+                                       o.get("streams", 1))
 
     def _receive(self, version: int) -> None:
         t0 = time.perf_counter()
         try:
             self._store.set(f"began/{self.rank}", str(version).encode())
+            what, timeout_s = f"version {version} from the trainer (rank 0)", self.spec.options["timeout_s"]
             with trace.span("sync/receive", version=version):
-                works = [_broadcast(self._pg, t) for t in self._buf.tensors]
-                _wait_all(works, f"version {version} from the trainer (rank 0)", self.spec.options["timeout_s"])
+                if self._buf.per_param:  # the baseline: one blocking receive per tensor, as a loop does
+                    for t in self._buf.tensors:
+                        _wait_all([_broadcast(self._pg, t)], what, timeout_s)
+                else:
+                    streams = self.spec.options.get("streams", 1)
+                    works = [w for t in self._buf.tensors for w in _broadcast_striped(self._pg, t, streams)]
+                    _wait_all(works, what, timeout_s)
             self._store.set(f"done/{self.rank}", str(version).encode())
         except BaseException as e:  # noqa: BLE001 - surfaced to the engine loop by ready()
             self._error = e

@@ -94,3 +94,42 @@ def pack(layout: WeightLayout, named_tensors: Iterable[tuple[str, torch.Tensor]]
     missing = set(targets) - seen
     if missing:
         raise ValueError(f"weight sync missing tensors: {sorted(missing)[:5]}")
+
+
+def in_place_bytes(layout: WeightLayout, bucket: int, tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The bytes of ``bucket`` as one uint8 view, if ``tensors`` (that bucket's, in slot order)
+    already sit in one storage exactly where the layout puts them — as a trainer's parameters do
+    once ``allocate_in_buckets`` placed them; None otherwise, and the bucket must be packed."""
+    slots = [s for s in layout.slots if s.bucket == bucket]
+    first = tensors[0]
+    storage = first.untyped_storage()
+    base = first.data_ptr() - slots[0].offset - storage.data_ptr()  # bucket start, bytes into storage
+    size = layout.bucket_sizes[bucket]
+    if base < 0 or base + size > storage.nbytes():
+        return None
+    for s, t in zip(slots, tensors):
+        if (not t.is_contiguous() or t.untyped_storage().data_ptr() != storage.data_ptr()
+                or t.data_ptr() - storage.data_ptr() != base + s.offset or str(t.dtype).removeprefix("torch.") != s.dtype):
+            return None
+    raw = torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage)
+    return raw[base : base + size]
+
+
+def allocate_in_buckets(layout: WeightLayout, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                        device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Fresh bucket buffers holding copies of ``named_tensors``; returns the views by name.
+
+    A trainer points its parameters at these views (``param.data = view``), so its weights live
+    in the broadcast's buckets, as Megatron's contiguous parameter buffers do: a weight push
+    then sends them without packing. A name that appears twice (tied weights) keeps its first
+    place; the bucket holding the second is packed as usual."""
+    buckets = [torch.zeros(n, dtype=torch.uint8, device=device) for n in layout.bucket_sizes]
+    placed = views(layout, buckets)
+    out = {}
+    for name, t in named_tensors:
+        dst = placed.get(name)
+        if dst is None or tuple(dst.shape) != tuple(t.shape):
+            raise ValueError(f"tensor {name!r} {tuple(t.shape)} is not in the agreed weight layout")
+        dst.copy_(t.detach())
+        out[name] = dst
+    return out

@@ -177,11 +177,16 @@ class FSDPTrainer(Trainer):
         return norm, lr, skipped
 
     # ---- weights and checkpoints (collectives: every rank calls them) -----------------------
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors one at a time (a gather per tensor, on every rank), on CPU."""
+    def named_weights(self, cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors one at a time (a gather per tensor, on every rank); on CPU unless
+        ``cpu=False`` (then on the trainer's device, as a GPU broadcast wants them)."""
         for name, t in self.model.state_dict().items():
             full = t.full_tensor() if isinstance(t, DTensor) else t
-            yield name, full.detach().cpu()
+            yield name, full.detach().cpu() if cpu else full.detach()
+
+    def place_weights(self, layout) -> int:
+        """Sharded weights are gathered at each push: there is nothing to place."""
+        return 0
 
     def weight_shapes(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Names, shapes and dtypes of ``named_weights()`` as meta tensors (no collective)."""

@@ -251,11 +251,29 @@ class Trainer:
 
     # ------------------------------------------------------------------- weights, checkpoints
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_weights(self, cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's weights under their Hugging Face names (the keys of the model's
-        ``state_dict()``; never the value head), detached, on CPU, float32."""
+        ``state_dict()``; never the value head), detached; on CPU unless ``cpu=False`` (then
+        they stay where they are, as a GPU broadcast wants them)."""
         for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach().cpu()
+            yield name, tensor.detach().cpu() if cpu else tensor.detach()
+
+    def place_weights(self, layout) -> int:
+        """Move the policy's weights into fresh buffers laid out as the weight broadcast's
+        buckets (``layout``), as Megatron keeps contiguous parameter buffers: a weight push then
+        sends them as they are, with no packing copy. Values do not change, nor does anything
+        that holds the parameters (the optimizer keeps the same objects). A weight tied to
+        another keeps the first place; its other bucket is packed at each push. Returns the
+        number of tensors placed."""
+        from tokenflow.sync.layout import allocate_in_buckets
+
+        current = self.model.state_dict(keep_vars=True)
+        placed, moved = allocate_in_buckets(layout, self.named_weights(cpu=False), device=self.device), set()
+        for name, view in placed.items():
+            if id(current[name]) not in moved:
+                moved.add(id(current[name]))
+                current[name].data = view
+        return len(moved)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: weights, optimizer, schedule, version, RNGs."""
