@@ -34,10 +34,14 @@ def test_ray_runtime_matches_the_local_runtime_at_staleness_zero(tmp_path, ray_c
     assert ray_cluster.is_initialized()  # the caller's cluster is left running
 
 
-def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_cluster, caplog):
+@pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])
+def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_cluster, caplog, transport):
+    # Broadcast: the dead engine leaves a gloo group that cannot take in its replacement, so the
+    # trainer re-forms the group and pushes the current weights through the new one.
     run = tmp_path / "run"
     cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "7", "--run.checkpoint_every", "0",
-                       "--runtime.max_engine_restarts", "2", "--run.save_rollouts", "true", *RAY)
+                       "--runtime.max_engine_restarts", "2", "--run.save_rollouts", "true",
+                       "--sync.transport", transport, *RAY)
     killed = {}
 
     def kill_engine_mid_run() -> None:
@@ -63,6 +67,8 @@ def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_clus
     # The engine came back: Ray restarted the actor and the orchestrator re-sent its groups.
     restarts = [r.getMessage() for r in caplog.records if "restarted" in r.getMessage()]
     assert len(restarts) == 1 and "engine restarted (restart 1)" in restarts[0], restarts
+    reformed = [r.getMessage() for r in caplog.records if "group re-formed" in r.getMessage()]
+    assert len(reformed) == (1 if transport == "broadcast" else 0), reformed
     # ... with the current weights: the groups it regenerated start at the version the trainer
     # had pushed when the old engine died (a fresh engine would be at version 0).
     resent = set(json.loads(restarts[0].split("groups ")[1]))

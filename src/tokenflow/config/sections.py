@@ -145,8 +145,8 @@ class RuntimeConfig(ConfigModel):
     strategy (None: place each actor on its own)."""
     max_engine_restarts: int = Field(default=3, ge=0)
     """Ray backend: times a dead engine actor is restarted; its in-flight prompts are re-sent
-    and it comes back with the newest weights (needs sync.transport = "shared_memory"). The
-    local backend stops the run instead."""
+    and it comes back with the newest weights (under sync.transport = "broadcast" the trainer
+    re-forms the weight-sync group around it). The local backend stops the run instead."""
 
 
 class MetricsConfig(ConfigModel):

@@ -49,6 +49,8 @@ class EngineWorker:
         self.receiver = None
         self.pending_weights = []  # WeightsReady notices not yet loaded, oldest first
         self.receiving = False  # pending_weights[0] has been begun on the receiver
+        self.min_version = 0  # generate nothing before weights this new are loaded (AttachSync)
+        self._retired = []  # receivers of replaced broadcast groups whose receive may still run
         self.loading = None  # the notice whose weights the engine is applying (drain)
         self.groups: dict[str, _Group] = {}
         self.paused = False
@@ -76,9 +78,15 @@ class EngineWorker:
             self.pending_weights.append(msg)
             self._begin_next()
         elif isinstance(msg, AttachSync):
-            if self.receiver is not None:  # sent again after a lost contact: start over
+            if self.receiver is not None:  # a re-formed group, or contact lost: start over
                 self.receiver.close()
+                # Kept, not dropped: its receive may still be blocked in the old group, and a
+                # process group's destructor waits for that (dropped once the thread is done).
+                self._retired = [r for r in self._retired if r.busy()] + [self.receiver]
                 self.receiving = False
+                # Notices of the old group (or the old process) name transfers that will not come.
+                self.pending_weights = []
+            self.min_version = msg.min_version
             self.receiver = make_receiver(msg.spec, receiver_index=msg.receiver_index)
             self.receiver.connect()
             # A restarted engine attaches mid-run: start from the newest weights the transport
@@ -118,7 +126,10 @@ class EngineWorker:
         loaded weights are dropped: a restarted engine may have loaded past them."""
         if self.receiver is None or self.receiving or self.loading is not None:
             return
-        self.pending_weights = sorted((m for m in self.pending_weights if m.version > self.engine.version),
+        # A broadcast is collective: every receiver takes part in every transfer (and discards
+        # one it is already past), or the sender waits for it.
+        collective = self.receiver.collective
+        self.pending_weights = sorted((m for m in self.pending_weights if collective or m.version > self.engine.version),
                                       key=lambda m: m.version)
         if self.pending_weights:
             self.receiver.begin(self.pending_weights[0])
@@ -133,6 +144,10 @@ class EngineWorker:
             return
         msg = self.pending_weights.pop(0)
         self.receiving = False
+        if msg.version <= self.engine.version:  # received only to keep the collective whole
+            self.receiver.done(msg)
+            self._begin_next()
+            return
         t0 = time.perf_counter()
         with trace.span("sync/apply", version=msg.version, mode=self.mode):
             # Blocking: generation is paused while the trainer steps, so swap at once (a drain
@@ -203,8 +218,10 @@ class EngineWorker:
         trace.counter("engine/running", seqs=self.engine.num_running)
 
     def can_step(self) -> bool:
-        # Never before the sync is attached: a restarted engine first loads the newest weights.
-        return self.engine.has_unfinished() and not self.paused and self.receiver is not None
+        # Never before the sync is attached, nor before the weights it must start from: a
+        # restarted engine first loads the newest weights.
+        return (self.engine.has_unfinished() and not self.paused and self.receiver is not None
+                and self.engine.version >= self.min_version)
 
     def loop(self) -> None:
         while self.running:

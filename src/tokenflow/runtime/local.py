@@ -22,6 +22,7 @@ class LocalBackend:
     def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
                  resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int | None = None) -> None:
         ctx = mp.get_context("spawn")
+        self.restarts_engines = False  # a dead process stops the run
         num_engines = num_engines or cfg.runtime.num_engines
         self.inbox = ctx.Queue()
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})

@@ -32,6 +32,10 @@ class AttachSync:
 
     spec: object  # tokenflow.sync.base.SyncSpec
     receiver_index: int = 0
+    # Generate nothing until weights of at least this version are loaded: after a broadcast group
+    # is re-formed the trainer's catch-up push is on its way, and a restarted engine holds only
+    # the weights it was built with.
+    min_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,15 @@ class Save:
     directory: str
 
 
+@dataclass(frozen=True)
+class ReformSync:
+    """Broadcast transport: an engine was replaced, and a gloo/NCCL group cannot take in a new
+    member. Build a new group, hand its spec back (``SyncReformed``), wait until every engine
+    has joined it, and push the current weights to all of them."""
+
+    engine: str
+
+
 # ---- trainer → orchestrator ----------------------------------------------------------------
 @dataclass
 class TrainerReady:
@@ -125,6 +138,23 @@ class Trained:
 @dataclass(frozen=True)
 class Saved:
     directory: str
+
+
+@dataclass
+class SyncReformed:
+    """A new weight-sync group is waiting for the engines; its catch-up push carries ``version``."""
+
+    sync_spec: object
+    version: int
+
+
+@dataclass(frozen=True)
+class SyncBroken:
+    """A weight push failed part-way (broadcast: a receiver dropped out, e.g. its engine died).
+    The step itself stands; engines keep older weights until a re-formed group brings newer."""
+
+    version: int
+    error: str
 
 
 # ---- backend → orchestrator ----------------------------------------------------------------

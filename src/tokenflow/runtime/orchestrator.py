@@ -28,7 +28,7 @@ from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
 from tokenflow.runtime.calibration_log import CalibrationLog
 from tokenflow.runtime.progress import Progress
-from tokenflow.runtime.restarts import resend_after_restart
+from tokenflow.runtime.restarts import attach_reformed, resend_after_restart
 from tokenflow.runtime.seeds import request_seed
 from tokenflow.runtime.run_dir import RunDir
 from tokenflow.runtime.step_metrics import EngineTotals, IdleClock, batch_metrics, engine_metrics, sync_metrics
@@ -62,6 +62,7 @@ class Orchestrator:
         self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
         self.trainer_busy = True  # until TrainerReady
         self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
+        self.sync_broken: tuple[float, M.SyncBroken] | None = None  # a failed push awaiting a re-formed group
         self.pending_batch: tuple[list[int], dict] | None = None
         self.engine_versions = {h.name: 0 for h in backend.engines}
         self.engine_totals = EngineTotals()
@@ -171,6 +172,14 @@ class Orchestrator:
                 engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
         elif isinstance(msg, M.WorkerRestarted):
             resend_after_restart(self, msg)
+        elif isinstance(msg, M.SyncBroken):
+            if not self.backend.restarts_engines:
+                raise RunFailed(f"the weight push of version {msg.version} failed: {msg.error}")
+            log.warning("the weight push of version %d failed; the weight-sync group is re-formed once the "
+                        "engine is back (%s)", msg.version, msg.error.splitlines()[0])
+            self.sync_broken = (time.monotonic(), msg)
+        elif isinstance(msg, M.SyncReformed):
+            attach_reformed(self, msg)
         elif isinstance(msg, M.WorkerFailed):
             raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
         else:
@@ -179,6 +188,9 @@ class Orchestrator:
     def _check_timeouts(self) -> None:
         limit = self.cfg.runtime.worker_timeout_s
         now = time.monotonic()
+        if self.sync_broken is not None and now - self.sync_broken[0] > limit:
+            raise RunFailed(f"the weight push of version {self.sync_broken[1].version} failed and no engine came "
+                            f"back within {limit:g}s (runtime.worker_timeout_s): {self.sync_broken[1].error}")
         for name, t in self.last_msg_from.items():
             if name == self.backend.trainer.name and not self.trainer_busy:
                 continue  # an idle trainer has nothing to say; it answers every Train and Save

@@ -133,11 +133,9 @@ class RayBackend:
         self.placement = reserve(ray, rt, n_eng, world)
         actor_cls = ray.remote(WorkerActor)
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
-        # A broadcast group cannot take in a replacement member (see docs/distributed.md).
-        restarts = rt.max_engine_restarts if cfg.sync.transport == "shared_memory" else 0
-        if rt.max_engine_restarts and not restarts:
-            log.warning("engine restarts need sync.transport = \"shared_memory\"; with %s a dead engine "
-                        "stops the run", cfg.sync.transport)
+        restarts = rt.max_engine_restarts
+        # Under broadcast the trainer re-forms the weight-sync group around a restarted engine.
+        self.restarts_engines = restarts > 0
         self.engines = []
         for i in range(n_eng):
             name = "engine" if n_eng == 1 else f"engine{i}"

@@ -1,4 +1,9 @@
-"""What the orchestrator does when the backend reports a restarted engine (Ray backend)."""
+"""What the orchestrator does when the backend reports a restarted engine (Ray backend).
+
+Shared memory: the new process attaches to the same slots and loads the newest one. Broadcast: a
+gloo/NCCL group cannot take in a new member, so the trainer builds a new group (``ReformSync``),
+the orchestrator hands its spec to every engine (``attach_reformed``), and the trainer pushes the
+current weights through it; no engine generates before it holds at least those."""
 
 from __future__ import annotations
 
@@ -28,7 +33,10 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
         orch.engine_totals.per_engine[f"{msg.worker}#{msg.restarts}"] = dataclasses.replace(
             last, running=0, waiting=0)
     if orch.sync_spec is not None:
-        engine.send(M.AttachSync(orch.sync_spec, receiver_index=index))
+        if orch.cfg.sync.transport == "broadcast":  # AttachSync follows, with the new group's spec
+            orch.backend.trainer.send(M.ReformSync(msg.worker))
+        else:
+            engine.send(M.AttachSync(orch.sync_spec, receiver_index=index))
     if orch.blocking and orch.trainer_busy:
         engine.send(M.SetPaused(True))
     for gid in lost:
@@ -39,3 +47,12 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
             prompt, kind = orch.prompts[gid], "train"
             params = dataclasses.replace(orch.train_params, seed=request_seed(orch.cfg.run.seed, prompt.id))
         orch._send_generate(gid, prompt, kind, params)
+
+
+def attach_reformed(orch, msg: M.SyncReformed) -> None:
+    """The trainer's new broadcast group waits for every engine; it pushes ``msg.version`` next."""
+    log.warning("weight-sync group re-formed; the engines join it and load version %d", msg.version)
+    orch.sync_broken = None
+    orch.sync_spec = msg.sync_spec
+    for i, engine in enumerate(orch.backend.engines):
+        engine.send(M.AttachSync(msg.sync_spec, receiver_index=i, min_version=msg.version))

@@ -14,7 +14,18 @@ import time
 from pathlib import Path
 
 from tokenflow.metrics import trace
-from tokenflow.runtime.messages import Envelope, Save, Saved, Shutdown, Train, Trained, TrainerReady
+from tokenflow.runtime.messages import (
+    Envelope,
+    ReformSync,
+    Save,
+    Saved,
+    Shutdown,
+    SyncBroken,
+    SyncReformed,
+    Train,
+    Trained,
+    TrainerReady,
+)
 from tokenflow.runtime.workers import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
@@ -55,6 +66,8 @@ class TrainerWorker:
         trace.configure(trace_dir, name)
         self.name, self.out_q, self.cmd_q, self.engine_qs, self.cfg = name, out_q, cmd_q, engine_qs, cfg
         self.rank, self.group, self.sender = rank, None, None
+        self.sync_error: str | None = None  # a failed push, reported after the step
+        self._retired: list = []  # senders of broadcast groups replaced by reform_sync
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.trainer = self._build(model_path, cfg, tokenizer, rendezvous)
         if resume_dir is not None:
@@ -81,21 +94,48 @@ class TrainerWorker:
         self.group = RankGroup(rendezvous, self.rank)
         return FSDPTrainer(model_path, cfg.trainer, cfg.algorithm, group=self.group, tokenizer=tokenizer)
 
-    def _attach_sender(self) -> None:
+    def _new_sender(self):
         from tokenflow.sync.base import make_sender
 
         sync = self.cfg.sync
         opts = {"num_receivers": len(self.engine_qs), "timeout_s": sync.timeout_s}
         if sync.transport == "broadcast":
-            opts.update(bucket_mb=sync.bucket_mb, streams=sync.streams, device=str(self.trainer.device))
+            opts.update(bucket_mb=sync.bucket_mb, streams=sync.streams, device=str(self.trainer.device),
+                        host=self._sync_host())
         # Shapes only: the layout needs no values, and a sharded trainer's values are collectives.
         shapes = getattr(self.trainer, "weight_shapes", self.trainer.named_weights)()
-        self.sender = make_sender(sync.transport, shapes, **opts)
-        if sync.transport == "broadcast":  # a push then sends the weights where they are
+        return make_sender(sync.transport, shapes, **opts)
+
+    def _sync_host(self) -> str:
+        """Where engines reach the broadcast group's store: this node's address on Ray (engines
+        may sit on other machines), loopback for the local backend."""
+        if self.cfg.runtime.backend == "ray":
+            import ray
+
+            return ray.util.get_node_ip_address()
+        return "127.0.0.1"
+
+    def _attach_sender(self) -> None:
+        self.sender = self._new_sender()
+        if self.cfg.sync.transport == "broadcast":  # a push then sends the weights where they are
             self.trainer.place_weights(self.sender.spec.layout)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         self.out_q.put(Envelope(self.name, TrainerReady(self.trainer.version, self.sender.spec, n_params)))
         self.sender.connect()
+
+    def reform_sync(self) -> dict[str, float]:
+        """A new broadcast group after an engine was replaced, then a push of the current weights
+        (every rank takes part: a sharded trainer gathers). The old group is retired, not torn
+        down: a receiver of it may still be blocked in a broadcast, and gloo's destructor would
+        wait for that. The layout is the same, so placed weights stay where they are."""
+        if self.rank == 0:
+            self.sender.close()
+            self._retired.append(self.sender)
+            self.sender = self._new_sender()
+            self.out_q.put(Envelope(self.name, SyncReformed(self.sender.spec, self.trainer.version)))
+            with trace.span("sync/reform"):
+                self.sender.connect()
+        return self.push_weights()
 
     def _phase(self, what: str, fn):
         """Run ``fn`` on every rank; with several ranks a failure names where each rank was."""
@@ -119,8 +159,26 @@ class TrainerWorker:
             from tokenflow.engine import weights_checksum
 
             checksum = weights_checksum(self.trainer.named_weights())
+        weights = named()
         with trace.span("sync/send", version=self.trainer.version):
-            return self.sender.send(named(), self.trainer.version, notify=self.notify_engines, checksum=checksum)
+            try:
+                return self.sender.send(weights, self.trainer.version, notify=self.notify_engines, checksum=checksum)
+            except (TimeoutError, RuntimeError) as e:
+                if not on_device:
+                    raise
+                # A receiver dropped out of the broadcast (its engine died, say). The step stands;
+                # finish the walk over the weights so a sharded trainer's gathers stay in step,
+                # and let the orchestrator decide: re-form the group once the engine is back, or
+                # stop the run.
+                for _ in weights:
+                    pass
+                self.sync_error = f"{type(e).__name__}: {e}"
+                return {"sync/failed": 1.0}
+
+    def _report_broken_sync(self) -> None:
+        if self.rank == 0 and self.sync_error is not None:
+            self.out_q.put(Envelope(self.name, SyncBroken(self.trainer.version, self.sync_error)))
+            self.sync_error = None
 
     def execute(self, msg) -> bool:
         """Run one command on this rank; False once it is time to stop."""
@@ -131,6 +189,7 @@ class TrainerWorker:
             t1 = time.perf_counter()
             if msg.sync_weights:
                 metrics.update(self._phase(f"weight push {self.trainer.version}", self.push_weights))
+                self._report_broken_sync()
             t2 = time.perf_counter()
             metrics["sync/trainer_s"] = t2 - t1
             if self.rank == 0:
@@ -141,6 +200,10 @@ class TrainerWorker:
                 self._phase("save", lambda: save_trainer(self.trainer, msg.directory))
             if self.rank == 0:
                 self.out_q.put(Envelope(self.name, Saved(msg.directory)))
+        elif isinstance(msg, ReformSync):
+            log.warning("%s: %s was replaced; re-forming the weight-sync group", self.name, msg.engine)
+            self._phase("weight-sync reform", self.reform_sync)
+            self._report_broken_sync()
         elif isinstance(msg, Shutdown):
             return False
         else:

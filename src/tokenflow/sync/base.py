@@ -63,6 +63,10 @@ class WeightSender(Protocol):
 
 
 class WeightReceiver(Protocol):
+    collective: bool
+    """True when every receiver must take part in every transfer (a broadcast): the engine then
+    receives even an update it is already past, and discards it."""
+
     def connect(self) -> None:
         """Called once by the engine at start, after building the receiver from the spec."""
         ...
@@ -84,6 +88,10 @@ class WeightReceiver(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+    def busy(self) -> bool:
+        """True while a transfer still runs in the background (after ``close`` too)."""
         ...
 
 

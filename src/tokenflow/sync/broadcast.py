@@ -68,9 +68,17 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backen
         return dist.ProcessGroupNCCL(store, rank, world, opts), store
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host) for _ in range(streams)]
+    opts._devices = [_device(host) for _ in range(streams)]
     opts._threads = max(2, streams)
     return dist.ProcessGroupGloo(store, rank, world, opts), store
+
+
+def _device(host: str):
+    """This process's end of one gloo connection: loopback when the whole group is on this
+    machine, else this node's own address (``GLOO_SOCKET_IFNAME`` picks the interface)."""
+    if host in ("127.0.0.1", "localhost"):
+        return dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
+    return dist.ProcessGroupGloo.create_default_device()
 
 
 def _late_receivers(store, world: int, version: int) -> str:
@@ -89,8 +97,9 @@ def _wait_all(works, what: str, timeout_s: float, on_fail=lambda: "") -> None:
         for w in works:
             w.wait()
     except RuntimeError as e:
-        raise TimeoutError(f"weight broadcast ({what}) failed or timed out after {timeout_s:g}s "
-                           f"(sync.timeout_s): {on_fail()} ({e})") from None
+        how = (f"timed out after {timeout_s:g}s (sync.timeout_s)" if "timed out" in str(e).lower()
+               else "failed: a peer dropped out")
+        raise TimeoutError(f"weight broadcast ({what}) {how}: {on_fail()} ({e})") from None
 
 
 def _broadcast(pg, t: torch.Tensor):
@@ -219,6 +228,8 @@ class BroadcastSender:
 
 
 class BroadcastReceiver:
+    collective = True  # the sender waits for every receiver in every broadcast
+
     def __init__(self, spec: SyncSpec, receiver_index: int = 0, device: str = "cpu") -> None:
         self.spec = spec
         self.rank = 1 + receiver_index
@@ -262,6 +273,9 @@ class BroadcastReceiver:
         if self._error is not None:
             raise self._error
         return True
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def latest(self, version: int) -> WeightsReady | None:
         """A broadcast cannot be replayed to a late joiner: nothing newer to load at attach."""

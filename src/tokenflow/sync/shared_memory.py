@@ -96,6 +96,8 @@ class SharedMemorySender:
 
 
 class SharedMemoryReceiver:
+    collective = False  # each engine reads the newest slot on its own
+
     def __init__(self, spec: SyncSpec, receiver_index: int = 0) -> None:
         self.spec = spec
         self.index = receiver_index
@@ -108,6 +110,9 @@ class SharedMemoryReceiver:
 
     def connect(self) -> None:
         """Attached in the constructor already."""
+
+    def busy(self) -> bool:
+        return False  # nothing runs in the background
 
     def begin(self, msg: WeightsReady) -> None:
         if int(self._ctl[msg.slot, 0]) != msg.version:
