@@ -31,8 +31,8 @@ def _init_worker(reward_spec: str, trace_dir: str | None = None) -> None:
     global _reward_fn
     from tokenflow.tasks.reward_loading import load_reward_fn
 
-    # pebble ends workers with SIGTERM (at close, on a timeout), which runs the flush; a SIGKILL
-    # would lose what is buffered, so keep at most a second of events.
+    # Each scored group is flushed before its result goes back (a group is a few events); the
+    # limits below only bound what a task that never returns can hold.
     trace.configure(trace_dir, "scorer", flush_every=256, flush_interval_s=1.0)
     _reward_fn = load_reward_fn(reward_spec)
 
@@ -51,6 +51,9 @@ def _score_group(prompt: str, completions: list[str], example: dict) -> list:
             out.append(_score_one(prompt, c, example))
         except Exception as e:  # noqa: BLE001 - the user's reward function may raise anything
             out.append(f"{type(e).__name__}: {e}")
+    # On disk before the result is: a worker may be stopped (SIGTERM, then SIGKILL after pebble's
+    # grace period) or killed on a timeout at any moment after it, losing what is buffered.
+    trace.flush()
     return out
 
 
