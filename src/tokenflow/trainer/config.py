@@ -52,6 +52,13 @@ class TrainerConfig(ConfigModel):
     grows with the square of the row length, so rows of a few hundred tokens are fastest unless
     a flash-attention kernel handles packing natively (then raise it to micro_batch_tokens)."""
 
+    logprob_chunk_tokens: int = Field(default=4096, ge=1)
+    """Apply the output head and log-softmax to this many target tokens at a time, recomputing
+    each chunk's logits in the backward pass: a micro-batch then holds at most this × vocabulary
+    logits instead of all of them (8k tokens × a 150k vocabulary is ~5 GB in float32, and the
+    log-softmax doubles it). A micro-batch with fewer targets runs as one piece, unchanged.
+    Sharded (FSDP) trainers and models that post-process logits run unchunked."""
+
     pack_sequences: bool = True
     """Pack several sequences per forward row (position ids restart per sequence). Turn off for
     models whose attention does not honour packed position ids: one sequence per row then."""

@@ -66,6 +66,9 @@ def _forward(self, *args, tokenflow_rows: torch.Tensor | None = None, **kwargs):
 
 
 class ShardedRunner(CausalLMRunner):
+    # The output head must run inside the root's forward, where FSDP has gathered it: no chunks.
+    chunkable = False
+
     def __init__(self, model, device, dtype) -> None:
         super().__init__(model, device, dtype)
         model._tokenflow_forward = model.forward

@@ -10,6 +10,11 @@ trainer reproduces exactly that distribution:
 3. log-softmax in float32.
 
 Entropy is that of the same (tempered, masked) distribution, in nats.
+
+``chunked_token_logprobs`` gives the same numbers from the final hidden states, applying the
+output head to ``chunk`` target rows at a time and recomputing each chunk's logits in the
+backward pass: a micro-batch never holds more than ``chunk × vocab`` logits (and their
+log-softmax), where a 150k vocabulary times 8k tokens would otherwise take gigabytes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ class SupportMask:
     keep: torch.Tensor
     """[k, V] bool: True for the support's members. Only these k rows are masked, so memory
     grows with the number of truncated tokens, not the whole micro-batch."""
+
+    def slice(self, start: int, stop: int) -> "SupportMask | None":
+        """The part for target rows [start, stop), re-indexed from 0 (None if none is masked)."""
+        sel = (self.rows >= start) & (self.rows < stop)
+        if not bool(sel.any()):
+            return None
+        return SupportMask(self.rows[sel] - start, self.keep[sel])
 
     @classmethod
     def build(cls, rows: torch.Tensor, pair_rows: torch.Tensor, pair_ids: torch.Tensor, vocab: int) -> "SupportMask":
@@ -68,3 +80,33 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
             safe = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
             entropy = -(safe.exp() * safe).sum(-1)
     return logp, entropy
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, project, targets: torch.Tensor, temperature: torch.Tensor,
+                           support: SupportMask | None = None, *, chunk: int, with_entropy: bool = True,
+                           entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``token_logprobs(project(hidden), ...)`` computed ``chunk`` rows at a time.
+
+    ``project`` maps hidden states [m, H] to logits [m, V] (the output head). With a gradient
+    to propagate each chunk runs under a non-reentrant activation checkpoint, so only its
+    hidden rows are kept for the backward pass, which recomputes its logits. One chunk (the
+    micro-batch fits) is exactly ``token_logprobs``."""
+    from torch.utils.checkpoint import checkpoint
+
+    n = hidden.shape[0]
+    if n <= chunk:
+        return token_logprobs(project(hidden), targets, temperature, support, with_entropy, entropy_grad)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    logps, entropies = [], []
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        part = support.slice(start, stop) if support is not None else None
+
+        def piece(h, start=start, stop=stop, part=part):
+            return token_logprobs(project(h), targets[start:stop], temperature[start:stop], part,
+                                  with_entropy, entropy_grad)
+
+        lp, ent = checkpoint(piece, hidden[start:stop], use_reentrant=False) if recompute else piece(hidden[start:stop])
+        logps.append(lp)
+        entropies.append(ent)
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)

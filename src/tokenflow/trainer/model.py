@@ -111,11 +111,44 @@ class CausalLMRunner:
 
     def _rows(self, mb: MicroBatch, want_hidden: bool):
         with self.autocast():
-            out = self.model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                           attention_mask=None, use_cache=False)
-            hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[mb.target_pos]
+            hidden = self._target_hidden(mb)
             logits = self.model.get_output_embeddings()(hidden)
         return logits, (hidden if want_hidden else None)
+
+    def _target_hidden(self, mb: MicroBatch) -> torch.Tensor:
+        out = self.model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids,
+                                       attention_mask=None, use_cache=False)
+        return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[mb.target_pos]
+
+    # Chunked log-probs need the output head applied outside the model's forward (the rows path).
+    chunkable = property(lambda self: self.supports_rows)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def logprobs(self, mb: MicroBatch, support, *, chunk: int, with_entropy: bool = True,
+                 entropy_grad: bool = False, want_hidden: bool = False):
+        """(log-probs [n], entropies [n] or None, hidden [n, H] or None) at the micro-batch's
+        targets, as ``token_logprobs`` defines them; the output head runs ``chunk`` target rows
+        at a time where the model allows it (``chunked_token_logprobs``)."""
+        from tokenflow.trainer.logprobs import chunked_token_logprobs, token_logprobs
+
+        if not self.chunkable:
+            logits, hidden = self(mb, want_hidden)
+            logp, ent = token_logprobs(logits, mb.targets, mb.temperature, support, with_entropy, entropy_grad)
+            return logp, ent, hidden
+        head = self.model.get_output_embeddings()
+
+        def project(h):
+            with self.autocast():
+                return head(h)
+
+        with self.autocast():
+            hidden = self._target_hidden(mb)
+        logp, ent = chunked_token_logprobs(hidden, project, mb.targets, mb.temperature, support, chunk=chunk,
+                                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return logp, ent, (hidden if want_hidden else None)
 
 
 # Config attributes of models that scale or cap logits after the output head.

@@ -37,7 +37,7 @@ from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
 from tokenflow.trainer.checkpoint import rng_state, set_rng_state
 from tokenflow.trainer.config import TrainerConfig, check_compatible
-from tokenflow.trainer.logprobs import SupportMask, token_logprobs
+from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model import CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm, use_fp32_lm_head
 from tokenflow.trainer.schedule import build_scheduler
@@ -175,9 +175,9 @@ class Trainer:
         logps = [np.zeros(0, dtype=np.float32)] * n
         values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
         for mb in self._micro_batches(seqs):
-            logits, hidden = self.runner(mb, want_hidden=with_values)
-            lp, _ = token_logprobs(logits, mb.targets, mb.temperature, self._keep_mask(mb, logits.shape[-1]),
-                                   with_entropy=False)
+            lp, _, hidden = self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
+                                                 chunk=self.config.logprob_chunk_tokens, with_entropy=False,
+                                                 want_hidden=with_values)
             v = self.value_head(hidden) if with_values else None
             bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
             for k, s in enumerate(mb.seqs):
@@ -197,16 +197,14 @@ class Trainer:
     def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
         alg = self.algorithm
         with span("trainer/forward", tokens=mb.num_tokens, seqs=mb.num_seqs):
-            logits, hidden = self.runner(mb, want_hidden=self.value_head is not None)
-            keep = self._keep_mask(mb, logits.shape[-1])
-            logp, entropy = token_logprobs(logits, mb.targets, mb.temperature, keep,
-                                           entropy_grad=alg.entropy_coef > 0)
-            del logits
+            chunk = self.config.logprob_chunk_tokens
+            keep = self._keep_mask(mb, self.runner.vocab_size)
+            logp, entropy, hidden = self.runner.logprobs(mb, keep, chunk=chunk, entropy_grad=alg.entropy_coef > 0,
+                                                         want_hidden=self.value_head is not None)
             ref = None
             if self.ref_runner is not None:
                 with torch.no_grad():
-                    ref_logits, _ = self.ref_runner(mb)
-                    ref, _ = token_logprobs(ref_logits, mb.targets, mb.temperature, keep, with_entropy=False)
+                    ref, _, _ = self.ref_runner.logprobs(mb, keep, chunk=chunk, with_entropy=False)
             seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
             weights = token_weights(alg.aggregation, mb.mask, mb.seq_index, seq_tokens, counts,
                                     alg.max_completion_tokens)
