@@ -215,11 +215,14 @@ def estimate(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
 
 
 def compute_advantages(rollouts: list[Rollout], cfg: AlgorithmConfig,
-                       values: list[np.ndarray] | None = None) -> AdvantageResult:
+                       values: list[np.ndarray] | None = None,
+                       token_rewards: list[np.ndarray] | None = None) -> AdvantageResult:
     """Advantages for a list of rollouts, aligned with it.
 
     Failed rollouts (``failed=True``) take no part: they get all-zero advantages and their group
-    is ragged for the others. ``values`` (GAE) holds V(s_t) per completion token per rollout.
+    is ragged for the others. ``values`` (GAE) holds V(s_t) per completion token per rollout;
+    ``token_rewards`` per-token rewards added to the outcome (the KL penalty of
+    ``kl_in_reward``), per completion token per rollout.
     """
     live = [i for i, r in enumerate(rollouts) if not r.failed]
     for i in live:
@@ -231,6 +234,7 @@ def compute_advantages(rollouts: list[Rollout], cfg: AlgorithmConfig,
         group_ids=np.array([rollouts[i].group_id for i in live], dtype=np.int64),
         masks=[rollouts[i].loss_mask for i in live],
         values=None if values is None else [np.asarray(values[i]) for i in live],
+        token_rewards=None if token_rewards is None else [np.asarray(token_rewards[i], dtype=np.float64) for i in live],
     )
     res = estimate(inp, cfg) if live else AdvantageResult([], [] if cfg.uses_values else None)
     zeros = [np.zeros(r.num_tokens, dtype=np.float32) for r in rollouts]

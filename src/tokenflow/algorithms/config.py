@@ -98,6 +98,12 @@ class AlgorithmConfig(ConfigModel):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL-to-reference loss term; 0 turns it off (and loads no reference)."""
 
+    kl_in_reward: bool = False
+    """Put the KL penalty in the per-token reward instead of the loss, as REINFORCE++ and PPO
+    for RLHF do: each generated token gets −kl_coef·(log μ − log π_ref), μ being the engine's
+    behaviour log-prob, before the returns (k1 on the sampled token, whatever kl_estimator
+    says). Needs a token-level advantage (reinforce_pp, reinforce_pp_baseline, gae)."""
+
     kl_estimator: Literal["k1", "k3"] = "k3"
     """Per-token KL estimator: k1 = log π − log π_ref; k3 = π_ref/π − log(π_ref/π) − 1."""
 
@@ -147,6 +153,17 @@ class AlgorithmConfig(ConfigModel):
                     "log-probs, but algorithm.behaviour_logprobs is false; turn them off or "
                     "record behaviour log-probs"
                 )
+        if self.kl_in_reward:
+            token_level = ("reinforce_pp", "reinforce_pp_baseline", "gae")
+            if self.kl_coef <= 0:
+                raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 (the penalty's weight)")
+            if self.advantage not in token_level:
+                raise ValueError(
+                    f'algorithm.kl_in_reward puts a penalty on every token, but advantage = "{self.advantage}" '
+                    f"uses only the outcome; use one of {', '.join(token_level)} or put the KL in the loss")
+            if not self.behaviour_logprobs:
+                raise ValueError("algorithm.kl_in_reward needs the engine's behaviour log-probs "
+                                 "(algorithm.behaviour_logprobs = true)")
         if self.value_clip is not None and self.advantage != "gae":
             raise ValueError(
                 f'algorithm.value_clip is set but algorithm.advantage = "{self.advantage}" '

@@ -82,7 +82,7 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
     zero = policy.new_zeros(())
     kl_term, ent_term, val_term = zero, zero, zero
     kl = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:  # in the reward, it is already in the advantages
         if t.ref_logprobs is None:
             raise ValueError("algorithm.kl_coef > 0 needs reference log-probs")
         kl = token_kl(t.logprobs, t.ref_logprobs, cfg.kl_estimator)

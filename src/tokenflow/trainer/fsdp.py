@@ -117,8 +117,8 @@ class FSDPTrainer(Trainer):
         most = self.group.all_reduce(torch.tensor([len(mine)], device=self.device), dist.ReduceOp.MAX)
         return mine + [_padding_batch(self.device) for _ in range(int(most.item()) - len(mine))]
 
-    def _score(self, seqs, n, with_values):
-        logps, values = super()._score(seqs, n, with_values)
+    def _score(self, seqs, n, with_values, runner=None):
+        logps, values = super()._score(seqs, n, with_values, runner)
         mine = {s.index for s in seqs} & {i for i, lp in enumerate(logps) if len(lp)}
         parts = self.group.all_gather_object({i: (logps[i], values[i] if values else None) for i in mine})
         for part in parts:

@@ -112,7 +112,8 @@ class Trainer:
         live = [r for r in rollouts if not r.failed]
         seqs = self._sequences(live)
         prox, old_values = self._no_grad_pass(seqs, len(live))
-        adv = compute_advantages(live, alg, old_values)
+        kl_rewards, kl_metrics = self._kl_rewards(live, seqs)
+        adv = compute_advantages(live, alg, old_values, kl_rewards)
         train = [s for s in seqs if s.num_loss_tokens > 0]
         counts = global_counts or GlobalCounts(sum(s.num_loss_tokens for s in train), len(train))
         acc = Accumulator()
@@ -125,6 +126,7 @@ class Trainer:
         grad_norm, lr, skipped = self._optimizer_step()
         metrics = step_metrics(acc, grad_norm=grad_norm, lr=lr, skipped=skipped)
         metrics.update(age_stats(seqs, self.version))
+        metrics.update(kl_metrics)
         self.version += 1
         elapsed = time.perf_counter() - start
         tokens = sum(mb.num_tokens for mb in batches)
@@ -170,12 +172,32 @@ class Trainer:
             logps, values = self._score(seqs, n, with_values=self.value_head is not None)
         return (logps if want_prox else None), values
 
+    def _kl_rewards(self, live: list[Rollout], seqs: list[TrainSequence]):
+        """``algorithm.kl_in_reward``: −kl_coef·(log μ − log π_ref) per generated token of each
+        live rollout (μ as the loss sees it: truncated under the Keep Sampling Mask), from a
+        no-grad pass of the reference; and the mean KL over those tokens as a metric."""
+        alg = self.algorithm
+        if not alg.kl_in_reward:
+            return None, {}
+        with span("trainer/ref_logprobs", seqs=len(seqs)):
+            ref, _ = self._score(seqs, len(live), with_values=False, runner=self.ref_runner)
+        rewards = [np.zeros(r.num_tokens, dtype=np.float64) for r in live]
+        total, count = 0.0, 0
+        for s in seqs:
+            kl = (s.behaviour.astype(np.float64) - ref[s.index]) * s.loss_mask
+            rewards[s.index] = -alg.kl_coef * kl
+            total, count = total + float(kl.sum()), count + int(s.loss_mask.sum())
+        return rewards, {"kl/reward_kl_mean": total / max(count, 1)}
+
     @torch.no_grad()
-    def _score(self, seqs: list[TrainSequence], n: int, with_values: bool):
+    def _score(self, seqs: list[TrainSequence], n: int, with_values: bool, runner=None):
+        """Per-rollout log-probs (and values) without a gradient, from ``runner`` (the policy's
+        unless given, e.g. the reference's)."""
+        runner = runner or self.runner
         logps = [np.zeros(0, dtype=np.float32)] * n
         values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
         for mb in self._micro_batches(seqs):
-            lp, _, hidden = self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
+            lp, _, hidden = runner.logprobs(mb, self._keep_mask(mb, runner.vocab_size),
                                                  chunk=self.config.logprob_chunk_tokens, with_entropy=False,
                                                  want_hidden=with_values)
             v = self.value_head(hidden) if with_values else None
@@ -202,7 +224,7 @@ class Trainer:
             logp, entropy, hidden = self.runner.logprobs(mb, keep, chunk=chunk, entropy_grad=alg.entropy_coef > 0,
                                                          want_hidden=self.value_head is not None)
             ref = None
-            if self.ref_runner is not None:
+            if self.ref_runner is not None and not alg.kl_in_reward:
                 with torch.no_grad():
                     ref, _, _ = self.ref_runner.logprobs(mb, keep, chunk=chunk, with_entropy=False)
             seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
