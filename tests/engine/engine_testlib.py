@@ -26,14 +26,14 @@ def family_config(family: str):
                            rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 4.0,
                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                             "original_max_position_embeddings": 32})
-    if family == "qwen2":  # q/k/v biases, tied embeddings
-        return Qwen2Config(**_COMMON, tie_word_embeddings=True,
-                           rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    if family == "qwen2":  # q/k/v biases, tied embeddings; layer 0 full, layer 1 windowed (8)
+        return Qwen2Config(**_COMMON, tie_word_embeddings=True, use_sliding_window=True, sliding_window=8,
+                           max_window_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     if family == "qwen3":  # q/k norm, head_dim != hidden / heads
         return Qwen3Config(**_COMMON, head_dim=24, tie_word_embeddings=False)
-    if family == "mistral":  # windowed attention (wider than the context used here), no GQA
+    if family == "mistral":  # every layer windowed (8, far shorter than the contexts used), no GQA
         cfg = {**_COMMON, "num_key_value_heads": 4}
-        return MistralConfig(**cfg, sliding_window=128, tie_word_embeddings=False)
+        return MistralConfig(**cfg, sliding_window=8, tie_word_embeddings=False)
     raise KeyError(family)
 
 

@@ -42,3 +42,28 @@ def test_engine_and_trainer_agree_on_policy(model_dir, sampling):
         assert m["offpolicy/mismatch_abs_logprob"] < 1e-5
         assert abs(m["offpolicy/mismatch_ratio"] - 1) < 1e-5
         assert abs(m["offpolicy/is_ratio_max"] - 1) < 1e-5 and abs(m["offpolicy/is_ratio_min"] - 1) < 1e-5
+
+
+def test_engine_and_trainer_agree_with_sliding_window_attention(tmp_path):
+    """A Qwen2 whose second layer attends to the last 6 positions only, with rollouts far longer
+    than that, packed several to a row by the trainer: both sides apply the same window."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(4)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      use_sliding_window=True, sliding_window=6, max_window_layers=1, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    engine = Engine(str(tmp_path), EngineConfig(device="cpu", dtype="float32"))
+    groups = engine.generate([[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]], SamplingParams(max_tokens=20, n=3, seed=2,
+                                                                                 ignore_eos=True))
+    rollouts = [r for g in groups for r in g]
+    for gid, group in enumerate(groups):
+        for k, r in enumerate(group):
+            r.group_id, r.reward = gid, float(k)
+    assert min(len(r.prompt_ids) + r.num_tokens for r in rollouts) > 2 * 6
+    trainer = Trainer(str(tmp_path), TrainerConfig(device="cpu", lr=0.0, pack_row_tokens=64), AlgorithmConfig())
+    m = trainer.train_step(rollouts)
+    assert m["perf/micro_batches"] == 1  # all six rollouts packed together
+    assert m["offpolicy/mismatch_abs_logprob"] < 1e-5

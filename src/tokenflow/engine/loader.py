@@ -57,20 +57,9 @@ def as_id_list(value) -> list[int]:
 
 
 def context_length(model_cls, hf_config, requested: int | None) -> int:
-    """``max_model_len``: as requested, else the model's max positions; never past a sliding
-    window, since the engine attends to the full context (equal to windowed attention only up
-    to the window)."""
+    """``max_model_len``: as requested, else the model's max positions. A sliding window does not
+    cap it: windowed layers mask the keys behind the window."""
     limit = getattr(hf_config, "max_position_embeddings", None) or 4096
-    window = model_cls.sliding_window(hf_config)
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}")
-    if window is not None and (requested or limit) > window:
-        if requested is not None:
-            raise ValueError(
-                f"max_model_len {requested} exceeds the model's sliding window {window}; the "
-                "built-in engine attends to the full context, which equals windowed attention "
-                f"only up to {window} tokens"
-            )
-        logger.info("engine: context capped at the sliding window (%d tokens)", window)
-        return window
     return requested or limit

@@ -31,6 +31,17 @@ class ModelRunner:
     def _long(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
+    def _prefill_context(self, length: int) -> AttentionContext:
+        """A prefill's context; with the windowed layers' mask once a prompt outgrows the window."""
+        ctx = AttentionContext("prefill")
+        window = self.model.window
+        if window is not None and length > window:
+            q = torch.arange(length, device=self.device)[:, None]
+            k = torch.arange(length, device=self.device)[None, :]
+            ctx.window_mask = (k <= q) & (k > q - window)
+            ctx.windowed = self.model.windowed_layers
+        return ctx
+
     @torch.inference_mode()
     def prefill(self, token_lists: list[list[int]], slots: list[list[int]] | None,
                 need_logits: bool = True) -> torch.Tensor | None:
@@ -40,7 +51,7 @@ class ModelRunner:
         longest = max(lengths)
         ids = self._long([t + [0] * (longest - len(t)) for t in token_lists])
         positions = torch.arange(longest, device=self.device).expand(len(token_lists), longest)
-        ctx = AttentionContext("prefill")
+        ctx = self._prefill_context(longest)
         if slots is not None:
             flat = [s for group in slots for s in group]
             self.cache.ensure(max(flat) + 1, longest)
@@ -69,9 +80,16 @@ class ModelRunner:
         past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
         key_bias = torch.zeros(batch, 1, length, dtype=self.dtype, device=self.device)
         key_bias.masked_fill_(past_end[:, None, :], float("-inf"))
-        key_bias = key_bias.expand(batch, self.cache.shape_tail[0], length).reshape(-1, 1, length)
+        kv_heads = self.cache.shape_tail[0]
         ctx = AttentionContext("decode", cache=self.cache, rows=torch.arange(batch, device=self.device),
-                               positions=positions, key_bias=key_bias, length=length)
+                               positions=positions, length=length,
+                               key_bias=key_bias.expand(batch, kv_heads, length).reshape(-1, 1, length))
+        window = self.model.window
+        if window is not None and length > window:
+            behind = torch.arange(length, device=self.device)[None, :] <= positions[:, None] - window
+            window_bias = key_bias.masked_fill(behind[:, None, :], float("-inf"))
+            ctx.window_bias = window_bias.expand(batch, kv_heads, length).reshape(-1, 1, length)
+            ctx.windowed = self.model.windowed_layers
         hidden = self.model(ids, positions[:, None], ctx)
         return self.model.compute_logits(hidden[:, 0])
 
@@ -92,5 +110,5 @@ class ModelRunner:
         """Logits at every position of one sequence, without touching the cache, [L, V]."""
         ids = self._long([token_ids])
         positions = torch.arange(len(token_ids), device=self.device)[None, :]
-        hidden = self.model(ids, positions, AttentionContext("prefill"))
+        hidden = self.model(ids, positions, self._prefill_context(len(token_ids)))
         return self.model.compute_logits(hidden[0])

@@ -6,6 +6,11 @@ prompt's keys/values into the cache slots of its samples - one prefill serves al
 A decode step writes the new token's keys/values at its position and attends over the first
 ``length`` positions of slots ``0..B-1``, a strided view of the cache (no gather, no copy),
 with positions past each sequence's end masked out.
+
+Sliding-window layers (Mistral; the ``sliding_attention`` layers of Qwen2/Qwen3) attend to the
+last ``window`` positions only: a query at position p sees keys at p − window < j ≤ p, as
+transformers defines it. The cache still holds the whole context; the window is a mask, built
+once per forward pass and used by the windowed layers (``ctx.windowed``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ class AttentionContext:
     """Decode: additive mask [B * kv_heads, 1, length], -inf past each row's end."""
     length: int = 0
     """Decode: positions attended (the longest sequence in the batch)."""
+    windowed: frozenset[int] = frozenset()
+    """Layers with sliding-window attention that need the masks below (empty when every
+    sequence of the pass fits in the window)."""
+    window_bias: torch.Tensor | None = None
+    """Decode, windowed layers: ``key_bias`` with the positions behind the window masked too."""
+    window_mask: torch.Tensor | None = None
+    """Prefill, windowed layers: bool [T, T], True where a query may attend (causal and within
+    the window)."""
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
@@ -46,6 +59,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
         length = k.shape[2]
         for src, cache in ((k, ctx.cache.k[layer]), (v, ctx.cache.v[layer])):
             cache[:, :, :length].index_copy_(0, ctx.write_slots, src.index_select(0, ctx.write_rows))
+    if layer in ctx.windowed:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.window_mask, scale=scale, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
@@ -64,7 +79,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Att
     q = q.reshape(batch * kv_heads, heads // kv_heads, dim)
     # baddbmm reads the strided cache view in place, where bmm/matmul first copy it (measured
     # ~1.5x slower on CPU); it also folds in the scale and the mask.
-    scores = torch.baddbmm(ctx.key_bias, q, keys.transpose(1, 2), alpha=scale)
+    bias = ctx.window_bias if layer in ctx.windowed else ctx.key_bias
+    scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.baddbmm(ctx.key_bias.new_zeros(1, 1, 1).expand(q.shape), probs, values, beta=0)
     return out.reshape(batch, heads * dim)

@@ -142,6 +142,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.window = self.sliding_window(config)
+        self.windowed_layers = frozenset(self.window_layers(config)) if self.window is not None else frozenset()
         cos, sin = rope_tables(config, head_dim_of(config), max_len, dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -157,6 +159,14 @@ class LlamaForCausalLM(nn.Module):
     def sliding_window(cls, config) -> int | None:
         """Attention window of the model's layers, if any layer is windowed."""
         return None
+
+    @classmethod
+    def window_layers(cls, config) -> list[int]:
+        """Indices of the windowed layers (all of them unless the config says otherwise)."""
+        types = getattr(config, "layer_types", None)
+        if types:
+            return [i for i, t in enumerate(types) if t == "sliding_attention"]
+        return list(range(config.num_hidden_layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """``input_ids``/``positions`` [N, T] -> final-norm hidden states [N, T, hidden]."""
