@@ -92,6 +92,8 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         version = resume_state[0]["step"]
         rd.truncate_after(version)
         engine_model = trainer_model = str(ckpt / "model")
+        if cfg.trainer.lora_rank is not None:  # the adapters resume on the base, not the merged model
+            trainer_model = model
         resume_dir = str(ckpt)
         log.info("resuming %s from step %d", rd.root, version)
     else:

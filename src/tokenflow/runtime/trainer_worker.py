@@ -41,7 +41,8 @@ def save_trainer(trainer, directory: str | Path) -> None:
     directory = Path(directory)
     trainer.save_pretrained(directory / "model")
     state = trainer.state_dict()
-    state.pop("model")
+    if not getattr(trainer, "is_lora", False):  # LoRA keeps its adapters here; the rest is in model/
+        state.pop("model")
     if getattr(trainer, "is_writer", True):
         torch.save(state, directory / STATE_FILE)
 
@@ -50,7 +51,8 @@ def load_trainer_state(trainer, directory: str | Path) -> None:
     import torch
 
     state = torch.load(Path(directory) / STATE_FILE, weights_only=False)
-    state["model"] = trainer.model.state_dict()  # already loaded from directory/model
+    if not getattr(trainer, "is_lora", False):
+        state["model"] = trainer.model.state_dict()  # already loaded from directory/model
     trainer.load_state_dict(state)
 
 

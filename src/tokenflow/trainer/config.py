@@ -93,6 +93,23 @@ class TrainerConfig(ConfigModel):
     value_lr: float | None = Field(default=None, ge=0)
     """Learning rate of the value head; None uses lr."""
 
+    lora_rank: int | None = Field(default=None, ge=1)
+    """Train LoRA adapters of this rank (peft) on ``lora_target_modules`` instead of every
+    weight; None trains the full model. Engines get the merged weights W + (alpha/r)·B·A under
+    the Hugging Face names, so they need nothing LoRA-specific. Needs ``pip install
+    "tokenflow-rl[lora]"``."""
+
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """LoRA scaling numerator: the update is (lora_alpha / lora_rank)·B·A."""
+
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the LoRA branch's input while training (0: the trainer's log-probs stay exactly
+    the engine's on-policy)."""
+
+    lora_target_modules: list[str] = Field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names that get adapters (peft's ``target_modules``)."""
+
     world_size: int = Field(default=1, ge=1)
     """Trainer ranks. Above 1 the policy is sharded with PyTorch FSDP2 (``fully_shard``) over
     that many processes (local backend) or Ray actors; gloo on CPU, NCCL on GPU. Every rank
@@ -111,6 +128,9 @@ class TrainerConfig(ConfigModel):
                              f"trainer.total_steps ({self.total_steps})")
         if self.value_lr is not None and not self.value_head:
             raise ValueError("trainer.value_lr is set but trainer.value_head is false")
+        if self.lora_rank is not None and self.world_size > 1:
+            raise ValueError("trainer.lora_rank with trainer.world_size > 1: LoRA trains on one trainer "
+                             "process; drop world_size or train the full model")
         return self
 
 

@@ -77,6 +77,11 @@ class Trainer:
             use_fp32_lm_head(m)
         if config.gradient_checkpointing:
             enable_checkpointing(self.model)
+        self.is_lora = config.lora_rank is not None
+        if self.is_lora:  # after the reference copy: the reference is the base model
+            from tokenflow.trainer.lora import add_lora
+
+            self.model = add_lora(self.model, config)
         self.model.train()
         self.value_head = None
         if config.value_head:
@@ -275,7 +280,13 @@ class Trainer:
         """The policy's weights under their Hugging Face names (the keys of the model's
         ``state_dict()``; never the value head), detached; on CPU unless ``cpu=False`` (then
         they stay where they are, as a GPU broadcast wants them)."""
-        for name, tensor in self.model.state_dict().items():
+        if self.is_lora:  # the merged weights, under the base model's names
+            from tokenflow.trainer.lora import merged_weights
+
+            named = merged_weights(self.model)
+        else:
+            named = self.model.state_dict().items()
+        for name, tensor in named:
             yield name, tensor.detach().cpu() if cpu else tensor.detach()
 
     def place_weights(self, layout) -> int:
@@ -287,6 +298,8 @@ class Trainer:
         number of tensors placed."""
         from tokenflow.sync.layout import allocate_in_buckets
 
+        if self.is_lora:  # pushes carry merged weights, computed afresh: nothing to place
+            return 0
         current = self.model.state_dict(keep_vars=True)
         placed, moved = allocate_in_buckets(layout, self.named_weights(cpu=False), device=self.device), set()
         for name, view in placed.items():
@@ -297,8 +310,11 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: weights, optimizer, schedule, version, RNGs."""
+        from tokenflow.trainer.lora import adapter_state
+
         return {
-            "model": self.model.state_dict(),
+            # LoRA: the adapters only (the base is frozen and comes from the base model).
+            "model": adapter_state(self.model) if self.is_lora else self.model.state_dict(),
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -307,7 +323,12 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.is_lora:
+            from tokenflow.trainer.lora import load_adapter_state
+
+            load_adapter_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         if self.value_head is not None:
             if state.get("value_head") is None:
                 raise ValueError("checkpoint has no value head but trainer.value_head is true")
@@ -322,7 +343,10 @@ class Trainer:
         tokenizer when the trainer was given one) for evaluation and for engines to load."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        if self.is_lora:  # a plain Hugging Face model with the adapters merged in
+            self.model.get_base_model().save_pretrained(directory, state_dict=dict(self.named_weights()))
+        else:
+            self.model.save_pretrained(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
         return directory
