@@ -75,3 +75,22 @@ def test_lora_config_errors_name_the_problem():
         TrainerConfig(lora_rank=4, world_size=2)
     with pytest.raises(ValueError, match="lora_target_modules"):
         Trainer(tiny_model(), TrainerConfig(**{**CFG, "lora_target_modules": ["no_such_proj"]}), AlgorithmConfig())
+
+
+def test_the_kl_reference_is_the_base_model_with_adapters_off():
+    rollouts = on_policy(tiny_model(seed=7), make_rollouts(seed=8))
+    tr = Trainer(tiny_model(seed=7), TrainerConfig(**CFG), AlgorithmConfig(kl_coef=0.1))
+    assert tr.reference is None  # no second copy of the weights
+    first = tr.train_step(rollouts)
+    assert first["loss/kl"] == 0.0  # adapters start at zero: the policy is the base model
+    tr.train_step(rollouts)
+    third = tr.train_step(rollouts)
+    assert third["loss/kl"] > 0  # the adapters moved the policy away from the base
+    # The reference still computes the base model's log-probs, while the policy does not.
+    plain = Trainer(tiny_model(seed=7), TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig())
+    seqs = tr._sequences(rollouts)
+    base = plain._score(plain._sequences(rollouts), len(rollouts), with_values=False)[0]
+    ref = tr._score(seqs, len(rollouts), with_values=False, runner=tr.ref_runner)[0]
+    now = tr._score(seqs, len(rollouts), with_values=False)[0]
+    assert max(abs(a - b).max() for a, b in zip(ref, base)) < 1e-6
+    assert max(abs(a - b).max() for a, b in zip(now, base)) > 1e-4

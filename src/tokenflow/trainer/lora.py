@@ -6,6 +6,8 @@ LoRA: every push carries the merged weights W + (alpha/r)·B·A under the Huggin
 weight sync, checksums and exported checkpoints look exactly as for full training. Checkpoints
 hold the merged model (for engines and evaluation) and, in the trainer state, the adapters;
 resuming rebuilds the policy from the original base model and loads the adapters into it.
+The KL reference, unless another model is named, is the base model: the policy's own forward
+with the adapters switched off (``BaseModelRunner``), so no second copy of the weights is held.
 """
 
 from __future__ import annotations
@@ -60,3 +62,18 @@ def load_adapter_state(peft_model, state: dict[str, torch.Tensor]) -> None:
     missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     if missing:
         raise ValueError(f"checkpoint adapters do not fit this model's LoRA layout: {missing[:3]}")
+
+
+class BaseModelRunner:
+    """The reference runner of a LoRA policy: the policy's runner with the adapters disabled."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def __getattr__(self, name):  # supports_rows, vocab_size, ... as the policy's runner
+        return getattr(self.runner, name)
+
+    @torch.no_grad()
+    def logprobs(self, *args, **kwargs):
+        with self.runner.model.disable_adapter():
+            return self.runner.logprobs(*args, **kwargs)

@@ -69,16 +69,18 @@ class Trainer:
         load = dict(trust_remote_code=config.trust_remote_code,
                     attn_implementation=config.attn_implementation, device=self.device)
         self.model = load_causal_lm(model, **load)
+        self.is_lora = config.lora_rank is not None
         self.reference = None
-        if algorithm.kl_coef > 0:
+        # With LoRA the base model *is* the reference: the policy with its adapters switched off
+        # serves it, and no second copy is held.
+        if algorithm.kl_coef > 0 and not (self.is_lora and algorithm.reference_model is None):
             ref = algorithm.reference_model
             self.reference = frozen_copy(self.model if ref is None else load_causal_lm(ref, **load))
         for m in filter(None, [self.model, self.reference] if config.fp32_lm_head else []):
             use_fp32_lm_head(m)
         if config.gradient_checkpointing:
             enable_checkpointing(self.model)
-        self.is_lora = config.lora_rank is not None
-        if self.is_lora:  # after the reference copy: the reference is the base model
+        if self.is_lora:
             from tokenflow.trainer.lora import add_lora
 
             self.model = add_lora(self.model, config)
@@ -89,6 +91,10 @@ class Trainer:
             self.value_head = ValueHead(hidden).to(self.device)
         self.runner = CausalLMRunner(self.model, self.device, config.dtype)
         self.ref_runner = CausalLMRunner(self.reference, self.device, config.dtype) if self.reference else None
+        if self.is_lora and algorithm.kl_coef > 0 and self.reference is None:
+            from tokenflow.trainer.lora import BaseModelRunner
+
+            self.ref_runner = BaseModelRunner(self.runner)
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
                                            eps=config.adam_eps)
         self.scheduler = build_scheduler(self.optimizer, config)
