@@ -107,3 +107,22 @@ def test_every_update_mode_trains_whole_groups(tmp_path, mode):
         assert np.all(np.diff(versions) >= 0) and versions.max() < ro["step"]
         if mode == "drain":
             assert len(set(ro["versions"])) == 1  # no rollout spans a weight swap
+
+
+def test_two_engines_over_a_striped_broadcast(tmp_path):
+    """Two engine processes share the prompts and receive every push from one broadcast group
+    (each bucket striped over two connections), with every load verified by checksum. Synchronous,
+    so every token was made by the weights the trainer holds: both engines must agree with it."""
+    run = tmp_path / "run"
+    cfg = small_config("--runtime.num_engines", "2", "--sync.transport", "broadcast", "--sync.bucket_mb", "2.5",
+                       "--sync.checksum", "true", "--rollout.max_staleness", "0", "--run.checkpoint_every", "0")
+    summary = train(cfg, run)
+    assert summary["steps"] == 4
+    rows = step_rows(run)
+    assert all(r["rollout/count"] == 16 for r in rows)
+    assert all(r["offpolicy/mismatch_tokens"] > 0 for r in rows)  # synchronous: every token on-version
+    mismatch = [r["offpolicy/mismatch_abs_logprob"] for r in rows]
+    assert max(mismatch) < 1e-5, mismatch
+    assert {"engine0", "engine1"} <= set(json.loads((run / "workers.json").read_text()))
+    consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
+    assert len(consumed) == len(set(consumed)) == 4 * 4
