@@ -101,6 +101,7 @@ def test_merge_tolerates_a_torn_last_line(tmp_path):
 def test_scorer_workers_trace_their_calls_and_flush_when_stopped(tracing, tmp_path):
     """pebble stops workers with SIGTERM; the buffered events must still reach the file."""
     from tokenflow.rollout import Rollout
+    from tests.tasks.scoring_helpers import wait_scored
     from tokenflow.scoring.pool import ScorerPool
 
     mod = tmp_path / "rewards_trace.py"
@@ -113,11 +114,7 @@ def test_scorer_workers_trace_their_calls_and_flush_when_stopped(tracing, tmp_pa
         group = [Rollout(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], versions=[0], text=t,
                          sample_index=i) for i, t in enumerate(["a", "b", "a"])]
         pool.submit(group, "p", {"want": "a"}, group_id=1)
-        deadline = time.time() + 60
-        done = []
-        while not done and time.time() < deadline:
-            done = pool.poll()
-            time.sleep(0.01)
+        done = wait_scored(pool)
         assert [r.reward for r in done[0][0]] == [1.0, 0.0, 1.0]
     finally:
         pool.close()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 
 from tokenflow.rollout import Rollout
+from tests.tasks.scoring_helpers import wait_scored
 from tokenflow.scoring.pool import ScorerPool
 
 
@@ -35,11 +35,7 @@ def test_failures_are_per_sample(rewards):
     try:
         group = [rollout(t, i) for i, t in enumerate(["yes", "no", "raise", "hang"])]
         pool.submit(group, "p", {"want": "yes"}, group_id=7)
-        deadline = time.time() + 60
-        done = []
-        while not done and time.time() < deadline:
-            done = pool.poll()
-            time.sleep(0.02)
+        done = wait_scored(pool)
         (scored, meta), = done
         assert meta == {"group_id": 7}
         assert [r.reward for r in scored[:2]] == [1.0, 0.0]
@@ -48,10 +44,7 @@ def test_failures_are_per_sample(rewards):
         assert (pool.failed, pool.timeouts) == (2, 1)
         # The pool replaced the killed worker and keeps scoring.
         pool.submit([rollout("yes", 0)], "p", {"want": "yes"}, group_id=8)
-        done = []
-        while not done and time.time() < deadline:
-            done = pool.poll()
-            time.sleep(0.02)
+        done = wait_scored(pool)
         assert done[0][0][0].reward == 1.0
     finally:
         pool.close()

@@ -11,9 +11,12 @@ synchronous run, so the async result can be read against its limit.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -61,7 +64,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         cfg = base.model_copy(deep=True)
         cfg.rollout.max_staleness = staleness
         cfg = TrainConfig.model_validate(cfg.model_dump())
-        print(f"[bench pipeline] {name} run (max_staleness {staleness}) → {out / name}", file=sys.stderr)
+        logger.info("bench pipeline: %s run (max_staleness %d) → %s", name, staleness, out / name)
         runs[name] = train(cfg, out / name)
     g, t = _steps_and_times(out / "sync")
     s, a = runs["sync"], runs["async"]

@@ -123,11 +123,11 @@ class EngineWorker:
     def _begin_next(self) -> None:
         """Start receiving the oldest pending update, unless one is under way or there is no
         receiver yet (notices can arrive before the sync spec). Notices no newer than the
-        loaded weights are dropped: a restarted engine may have loaded past them."""
+        loaded weights are dropped (a restarted engine may have loaded past them), except under
+        a collective transport: there every receiver takes part in every broadcast, or the
+        sender waits for it, and discards the update after receiving it."""
         if self.receiver is None or self.receiving or self.loading is not None:
             return
-        # A broadcast is collective: every receiver takes part in every transfer (and discards
-        # one it is already past), or the sender waits for it.
         collective = self.receiver.collective
         self.pending_weights = sorted((m for m in self.pending_weights if collective or m.version > self.engine.version),
                                       key=lambda m: m.version)

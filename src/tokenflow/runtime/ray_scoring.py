@@ -75,13 +75,12 @@ class _RayActorPool:
         """Retire finished and overdue tasks, then start queued ones on idle actors."""
         now = time.monotonic()
         for f in list(self.running):
-            if self.ray.wait([f.ref], timeout=0)[0]:
-                pass
-            elif now > f.deadline:
+            finished = bool(self.ray.wait([f.ref], timeout=0)[0])
+            if not finished and now <= f.deadline:
+                continue
+            if not finished:
                 self.ray.kill(f.actor, no_restart=False)  # Ray brings it back, reward function reloaded
                 f.timed_out = True
-            else:
-                continue
             self.running.remove(f)
             self.idle.append(f.actor)
             f.actor = None

@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.pt"
 
 
+def _exhaust(weights) -> None:
+    """Walk a weights iterator to its end: a sharded trainer's gathers happen as it is walked,
+    and every rank must make all of them."""
+    for _ in weights:
+        continue
+
+
 def save_trainer(trainer, directory: str | Path) -> None:
     """Policy in Hugging Face format plus optimizer/scheduler/RNG/version (without a second copy
     of the weights). Sharded trainers gather on every rank and write on rank 0 only."""
@@ -41,7 +48,7 @@ def save_trainer(trainer, directory: str | Path) -> None:
     directory = Path(directory)
     trainer.save_pretrained(directory / "model")
     state = trainer.state_dict()
-    if not getattr(trainer, "is_lora", False):  # LoRA keeps its adapters here; the rest is in model/
+    if not trainer.is_lora:  # LoRA keeps its adapters here; the rest is in model/
         state.pop("model")
     if getattr(trainer, "is_writer", True):
         torch.save(state, directory / STATE_FILE)
@@ -51,7 +58,7 @@ def load_trainer_state(trainer, directory: str | Path) -> None:
     import torch
 
     state = torch.load(Path(directory) / STATE_FILE, weights_only=False)
-    if not getattr(trainer, "is_lora", False):
+    if not trainer.is_lora:
         state["model"] = trainer.model.state_dict()  # already loaded from directory/model
     trainer.load_state_dict(state)
 
@@ -153,8 +160,7 @@ class TrainerWorker:
         named = lambda: self.trainer.named_weights(cpu=not on_device)  # noqa: E731
         if self.sender is None:  # ranks > 0: take part in the gathers rank 0's send makes
             for _ in range(2 if self.cfg.sync.checksum else 1):
-                for _ in named():
-                    pass
+                _exhaust(named())
             return {}
         checksum = None
         if self.cfg.sync.checksum:
@@ -172,8 +178,7 @@ class TrainerWorker:
                 # finish the walk over the weights so a sharded trainer's gathers stay in step,
                 # and let the orchestrator decide: re-form the group once the engine is back, or
                 # stop the run.
-                for _ in weights:
-                    pass
+                _exhaust(weights)
                 self.sync_error = f"{type(e).__name__}: {e}"
                 return {"sync/failed": 1.0}
 

@@ -59,9 +59,9 @@ def load_adapter_state(peft_model, state: dict[str, torch.Tensor]) -> None:
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(peft_model, state)
-    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-    if missing:
-        raise ValueError(f"checkpoint adapters do not fit this model's LoRA layout: {missing[:3]}")
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if unexpected:
+        raise ValueError(f"checkpoint adapters do not fit this model's LoRA layout: {unexpected[:3]}")
 
 
 class BaseModelRunner:
