@@ -1,12 +1,13 @@
-"""`tokenflow bench engine`: the built-in engine against transformers' `generate()`.
+"""`tokenflow bench engine`: engine backends against transformers' `generate()`.
 
 A GRPO-shaped workload: P prompts x G samples at temperature 1, each prompt's ``max_tokens``
 drawn from a lognormal (median ~32, capped at --max-tokens) so a few stragglers run much longer
 than the rest. Both sides get the same weights, prompts and sampling settings; EOS is ignored
 on both so every request produces exactly its ``max_tokens`` and the work is well defined.
 
-* engine: every prompt is one request with n = G (one shared prefill), its own max_tokens;
-  continuous batching refills freed slots at every step.
+* engine (each backend in ``--backend``, default the built-in one): every prompt is one
+  request with n = G, its own max_tokens; continuous batching refills freed slots at every
+  step. The backends load the same weights from one saved model folder.
 * transformers: one ``generate()`` call over all prompts (left-padded) with
   ``num_return_sequences=G`` and ``max_new_tokens`` = the largest max_tokens, as an HF user
   would write it; it cannot stop a request at its own length, so only the tokens each request
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,9 @@ DEFAULT_MODEL_DIR = "assets/default_model"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("engine", help="built-in engine vs transformers generate() throughput")
+    p = subparsers.add_parser("engine", help="engine backends vs transformers generate() throughput")
+    p.add_argument("--backend", default="builtin",
+                   help="comma-separated engine backends to run: builtin, vllm (e.g. builtin,vllm)")
     p.add_argument("--model", default=None,
                    help="HF model folder; 'default' = the packaged default model; "
                         "omitted = a random ~4M-parameter Llama built here")
@@ -82,15 +86,21 @@ def _workload(args, vocab: int):
     return prompts, [int(m) for m in max_tokens]
 
 
-def _run_engine(args, hf_model, prompts, max_tokens) -> dict:
+def _make_engine(args, backend: str, folder: str):
+    from tokenflow.engine import EngineConfig
+    from tokenflow.engine.factory import make_engine
+
+    config = EngineConfig(backend=backend, device=args.device, dtype=args.dtype, threads=args.threads,
+                          max_num_seqs=args.max_num_seqs, seed=args.seed)
+    return make_engine(folder, config)
+
+
+def _run_engine(args, engine, prompts, max_tokens) -> dict:
     import time
 
-    from tokenflow.engine import Engine, EngineConfig, SamplingParams
+    from tokenflow.engine import SamplingParams
     from tokenflow.engine.stats import EngineStats
 
-    config = EngineConfig(device=args.device, dtype=args.dtype, threads=args.threads,
-                          max_num_seqs=args.max_num_seqs, seed=args.seed)
-    engine = Engine.from_config(hf_model.config, hf_model.state_dict(), config)
     params = [SamplingParams(temperature=1.0, n=args.samples, max_tokens=m, ignore_eos=True)
               for m in max_tokens]
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -137,9 +147,18 @@ def _run_hf(args, hf_model, prompts, max_tokens) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import tempfile
 
     import torch
 
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    from tokenflow.engine.factory import BACKENDS
+
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        print(f"error: --backend takes a comma-separated list of {sorted(BACKENDS)}, got {args.backend!r}",
+              file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     hf_model, source = _load_model(args)
@@ -152,14 +171,22 @@ def run(args: argparse.Namespace) -> int:
     params_m = sum(p.numel() for p in hf_model.parameters()) / 1e6
     logger.info("bench engine: %s, %.1fM params, %d prompts x %d samples, %d requested tokens",
                 source, params_m, len(prompts), args.samples, args.samples * sum(max_tokens))
-    eng_runs, hf_runs = [], []
-    for rep in range(args.repeat):
-        logger.info("run %d/%d: the built-in engine ...", rep + 1, args.repeat)
-        eng_runs.append(_run_engine(args, hf_model, prompts, max_tokens))
-        if not args.skip_hf:
-            logger.info("run %d/%d: transformers generate() ...", rep + 1, args.repeat)
-            hf_runs.append(_run_hf(args, hf_model, prompts, max_tokens))
-    eng = min(eng_runs, key=lambda r: r["seconds"])
+    with tempfile.TemporaryDirectory(prefix="tokenflow-bench-") as folder:
+        hf_model.save_pretrained(folder)  # every backend loads the same weights from one folder
+        engines = {b: _make_engine(args, b, folder) for b in backends}
+        runs: dict[str, list[dict]] = {b: [] for b in backends}
+        hf_runs = []
+        for rep in range(args.repeat):
+            for b in backends:
+                logger.info("run %d/%d: engine backend %s ...", rep + 1, args.repeat, b)
+                runs[b].append(_run_engine(args, engines[b], prompts, max_tokens))
+            if not args.skip_hf:
+                logger.info("run %d/%d: transformers generate() ...", rep + 1, args.repeat)
+                hf_runs.append(_run_hf(args, hf_model, prompts, max_tokens))
+        for engine in engines.values():
+            engine.close()
+    best = {b: min(r, key=lambda x: x["seconds"]) for b, r in runs.items()}
+    rate = {b: best[b]["tokens"] / best[b]["seconds"] for b in backends}
     result = {
         "model": source,
         "params_millions": round(params_m, 2),
@@ -173,17 +200,33 @@ def run(args: argparse.Namespace) -> int:
         "device": str(next(hf_model.parameters()).device),
         "load_average": os.getloadavg()[0],
         "repeat": args.repeat,
-        "engine_seconds": round(eng["seconds"], 3),
-        "engine_seconds_all": [round(r["seconds"], 3) for r in eng_runs],
-        "engine_tokens_per_s": round(eng["tokens"] / eng["seconds"], 1),
-        "engine_mean_decode_step_ms": round(eng["mean_decode_step_ms"], 3),
-        "engine_decode_steps": eng["decode_steps"],
-        "engine_prefill_steps": eng["prefill_steps"],
-        "engine_how": (f"continuous batching, max_num_seqs={args.max_num_seqs}, one request per "
-                       f"prompt with n={args.samples} (shared prefill), per-request max_tokens"),
+        "backends": backends,
     }
+    # The built-in engine keeps the historical "engine_*" keys; other backends are prefixed.
+    for b in backends:
+        key = "engine" if b == "builtin" else b
+        r = best[b]
+        result.update({
+            f"{key}_seconds": round(r["seconds"], 3),
+            f"{key}_seconds_all": [round(x["seconds"], 3) for x in runs[b]],
+            f"{key}_tokens_per_s": round(rate[b], 1),
+            f"{key}_mean_decode_step_ms": round(r["mean_decode_step_ms"], 3),
+            f"{key}_decode_steps": r["decode_steps"],
+        })
+    if "builtin" in backends:
+        result["engine_prefill_steps"] = best["builtin"]["prefill_steps"]
+        result["engine_how"] = (f"continuous batching, max_num_seqs={args.max_num_seqs}, one request per "
+                                f"prompt with n={args.samples} (shared prefill), per-request max_tokens")
+    if "vllm" in backends:
+        result["vllm_how"] = ("vLLM in this process, one request per sample (n=1 each, seeds per "
+                              "sample), prefix caching off, processed log-probs returned")
+    if "builtin" in backends and "vllm" in backends:
+        result["vllm_vs_builtin"] = round(rate["vllm"] / rate["builtin"], 3)
     if hf_runs:
         hf = min(hf_runs, key=lambda r: r["seconds"])
+        hf_rate = hf["tokens"] / hf["seconds"]
+        for b in backends:
+            result["speedup" if b == "builtin" else f"{b}_speedup"] = round(rate[b] / hf_rate, 3)
         result.update({
             "hf_generate_seconds": round(hf["seconds"], 3),
             "hf_generate_seconds_all": [round(r["seconds"], 3) for r in hf_runs],
@@ -192,7 +235,6 @@ def run(args: argparse.Namespace) -> int:
                                 f"num_return_sequences={args.samples}, max_new_tokens="
                                 f"{max(max_tokens)}, do_sample, top_k=0, top_p=1; counted "
                                 "tokens = each request's max_tokens"),
-            "speedup": round((eng["tokens"] / eng["seconds"]) / (hf["tokens"] / hf["seconds"]), 3),
         })
     if args.json:
         print(json.dumps(result))

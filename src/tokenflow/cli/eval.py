@@ -81,12 +81,12 @@ def run(args, overrides: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from tokenflow.engine import Engine
+    from tokenflow.engine.factory import make_engine
     from tokenflow.evaluation import accuracy_of
     from tokenflow.tasks import build_task
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
-    engine = Engine(model, engine_cfg)
+    engine = make_engine(model, engine_cfg)
     task = build_task(cfg.task)
     limit = args.limit or cfg.run.eval_limit
     n = len(task.eval_prompts()[:limit])

@@ -71,6 +71,15 @@ class TrainConfig(ConfigModel):
             raise ValueError(
                 f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
                 "the engine would wait for weights the trainer cannot produce without its rollouts")
+        if self.engine.backend == "vllm" and (self.sampling.top_p < 1 or self.sampling.top_k > 0):
+            raise ValueError(
+                f"engine.backend = 'vllm' cannot sample with sampling.top_p = {self.sampling.top_p} / "
+                f"top_k = {self.sampling.top_k}: vLLM returns no sampling mask, so the trainer could "
+                "not rebuild the support its log-probs are over; use top_p = 1 and top_k = 0, or "
+                "engine.backend = 'builtin'")
+        if self.engine.backend == "vllm" and self.engine.recompute_kv_after_update:
+            raise ValueError("engine.recompute_kv_after_update is not supported by engine.backend = 'vllm'; "
+                             "use engine.update_mode = 'abort' to restart running samples under new weights")
         if self.algorithm.aggregation == "dr_grpo_constant" and self.algorithm.max_completion_tokens is None:
             object.__setattr__(self.algorithm, "max_completion_tokens", self.sampling.max_tokens)
         return self

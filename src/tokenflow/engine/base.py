@@ -2,7 +2,10 @@
 
 The runtime drives an engine from one generation loop (``add_request`` ... ``step``) while the
 weight-sync layer calls ``update_weights`` whenever the trainer finishes an optimizer step. An
-implementation must make those safe to call from two threads.
+implementation must make those safe to call from two threads. The runtime, `tokenflow eval` and
+`tokenflow bench` use nothing but what is declared here, and get an engine from
+`tokenflow.engine.factory.make_engine` (``engine.backend``). `tests/engine/test_conformance.py`
+is the contract, run against every backend.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from tokenflow.engine.sampling_params import SamplingParams
+from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.weights import NamedTensors
 from tokenflow.rollout import Rollout
 
@@ -19,6 +23,24 @@ class RolloutEngine(Protocol):
     version: int
     """Policy version (optimizer steps applied) of the weights now in use."""
     vocab_size: int
+    max_model_len: int
+    """Longest sequence (prompt + completion) in tokens."""
+    tokenizer: object | None
+    """The model's Hugging Face tokenizer (None if the folder has none): ``Rollout.text`` and
+    stop strings use it."""
+    stats: EngineStats
+    """Counters the runtime reads once a second (tokens, steps, seconds). A backend fills what
+    it can measure; `tokenflow bench` and the engine metrics read them."""
+
+    @property
+    def num_running(self) -> int:
+        """Samples being decoded now (for the engine status the runtime reports)."""
+        ...
+
+    @property
+    def num_waiting(self) -> int:
+        """Samples queued and not yet started."""
+        ...
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, resume: Rollout | None = None,
@@ -63,3 +85,19 @@ class RolloutEngine(Protocol):
         """Called when a request is no longer wanted (timeout, cancelled run): its samples come
         back from the next `step` as partial rollouts with finish reason "abort"."""
         ...
+
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[list[Rollout]]:
+        """Blocking form, used by evaluation and benchmarks: ``result[i]`` holds prompt i's
+        samples ordered by ``sample_index``. Every request is validated before any is queued."""
+        ...
+
+    def weights_checksum(self) -> str:
+        """`tokenflow.engine.weights_checksum` of the weights in use, under Hugging Face names
+        (tests and checksummed syncs compare it with the trainer's)."""
+        ...
+
+    def close(self) -> None:
+        """Called once when the worker stops: release what the backend holds (threads, memory)."""
+        ...
+

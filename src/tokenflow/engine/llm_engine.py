@@ -307,3 +307,6 @@ class Engine:
     def weights_checksum(self) -> str:
         """`weights_checksum` of the weights in use, under their Hugging Face names."""
         return weights_checksum(self.model.hf_views())
+
+    def close(self) -> None:
+        """Nothing to release: the engine holds only tensors, which go with it."""

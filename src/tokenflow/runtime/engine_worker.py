@@ -38,13 +38,13 @@ class _Group:
 class EngineWorker:
     def __init__(self, model_path: str, engine_config, out_q, cmd_q, name: str = "engine",
                  trace_dir: str | None = None) -> None:
-        from tokenflow.engine import Engine
+        from tokenflow.engine.factory import make_engine
 
         trace.configure(trace_dir, name)
         self.name = name
         self.out_q = out_q
         self.cmd_q = cmd_q
-        self.engine = Engine(model_path, engine_config)
+        self.engine = make_engine(model_path, engine_config)
         self.mode = engine_config.update_mode
         self.receiver = None
         self.pending_weights = []  # WeightsReady notices not yet loaded, oldest first
@@ -237,6 +237,7 @@ class EngineWorker:
         self.send_status(force=True)
         if self.receiver is not None:
             self.receiver.close()
+        self.engine.close()
         trace.flush()
 
 

