@@ -136,6 +136,7 @@ class VLLMEngine:
             torch.set_num_threads(config.threads)
         from vllm import LLM
 
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNotice())
         self.llm = LLM(**kwargs)
         if self._weight_path == "native":
             self.llm.init_weight_transfer_engine({"init_info": {}})
@@ -410,6 +411,15 @@ class VLLMEngine:
             if self._live:
                 self._core.abort_request(list(self._live))
             self._live.clear()
+
+
+class _RotaryReloadNotice(logging.Filter):
+    """vLLM's layerwise reload warns "RotaryEmbedding: Failed to load weights" at every update:
+    the rotary cos/sin cache is computed, never in a checkpoint, and vLLM puts it back as it was.
+    Correct, and one line per update would bury the run's own log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
 
 
 def _vllm_version() -> str:

@@ -1,0 +1,70 @@
+"""What only the vLLM backend has to show, beyond the conformance suite: the whole runtime runs
+on it (engine worker, weight sync, in-flight updates), on-policy tokens match the trainer, and
+configurations it cannot serve are refused before anything starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tokenflow.config.loading import ConfigError, load_config
+from tokenflow.config.root import TrainConfig
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here; .ci/run runs this file "
+                                                     "in its vLLM environment")
+
+SMALL = ["--run.steps", "3", "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
+         "--run.eval_limit", "16", "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]',
+         "--engine.device", "cpu", "--trainer.device", "cpu", "--sampling.max_tokens", "64",
+         "--trainer.threads", "1", "--engine.backend", "vllm"]
+
+
+@pytest.mark.parametrize("override", [["--sampling.top_p", "0.9"], ["--sampling.top_k", "5"],
+                                      ["--engine.recompute_kv_after_update", "true"]])
+def test_config_refuses_what_vllm_cannot_serve(override):
+    with pytest.raises(ConfigError, match="vllm"):
+        load_config(TrainConfig, None, ["--engine.backend", "vllm", *override])
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_missing_vllm_names_the_install(tmp_path):
+    from tokenflow.engine import EngineConfig
+    from tokenflow.engine.factory import make_engine
+
+    with pytest.raises(ImportError, match="tokenflow-rl\\[vllm\\]"):
+        make_engine(tmp_path, EngineConfig(backend="vllm"))
+
+
+def _train(tmp_path, *extra: str) -> list[dict]:
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", *SMALL, *extra,
+                           "--run.output_dir", str(run)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@needs_vllm
+def test_synchronous_run_on_vllm_is_on_policy(tmp_path):
+    """At max_staleness 0 every trained token comes from the trainer's current weights, pushed
+    into vLLM after each step: trainer and engine log-probs agree (the issue asks ≤ 1e-3 in
+    float32; measured ~1e-8 on this model)."""
+    rows = [r for r in _train(tmp_path, "--rollout.max_staleness", "0") if "loss/total" in r]
+    assert len(rows) == 3
+    for r in rows:
+        assert r["offpolicy/mismatch_tokens"] > 0
+        assert r["offpolicy/mismatch_abs_logprob"] < 1e-3
+        assert abs(r["offpolicy/mismatch_ratio"] - 1) < 1e-3
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["inflight", "abort"])
+def test_async_run_on_vllm_updates_weights_without_stopping(tmp_path, mode):
+    rows = _train(tmp_path, "--rollout.max_staleness", "2", "--engine.update_mode", mode)
+    steps = [r for r in rows if "loss/total" in r]
+    assert len(steps) == 3
+    assert max(r.get("engine/version", 0) for r in rows) >= 2  # updates reached the engine
