@@ -14,6 +14,7 @@ Tolerances, per backend, for the trainer reproducing behaviour log-probs in floa
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,7 @@ BACKENDS = [
 ]
 LOGPROB_TOL = {"builtin": 1e-5, "vllm": 1e-4}
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10, 3]]
+DEVICE = os.environ.get("TOKENFLOW_TEST_DEVICE", "cpu")  # scripts/gpu_check.sh sets "cuda"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def engine(request, model_dir):
     test leaves it with the checkpoint's weights loaded and nothing in flight."""
     backend = request.param
     if backend not in _ENGINES:
-        _ENGINES[backend] = make_engine(model_dir, EngineConfig(backend=backend, device="cpu", dtype="float32",
+        _ENGINES[backend] = make_engine(model_dir, EngineConfig(backend=backend, device=DEVICE, dtype="float32",
                                                                  max_num_seqs=64, seed=0))
     eng = _ENGINES[backend]
     eng.backend_name = backend
@@ -111,7 +113,7 @@ def _trainer_mismatch(model_dir, rollouts) -> dict:
 
     for k, r in enumerate(rollouts):
         r.group_id, r.reward = 0, float(k % 2)
-    trainer = Trainer(str(model_dir), TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig(keep_sampling_mask=False))
+    trainer = Trainer(str(model_dir), TrainerConfig(device=DEVICE, lr=0.0), AlgorithmConfig(keep_sampling_mask=False))
     return trainer.train_step(rollouts)
 
 

@@ -68,3 +68,19 @@ def test_async_run_on_vllm_updates_weights_without_stopping(tmp_path, mode):
     steps = [r for r in rows if "loss/total" in r]
     assert len(steps) == 3
     assert max(r.get("engine/version", 0) for r in rows) >= 2  # updates reached the engine
+
+
+@needs_vllm
+def test_vllm_example_runs(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from tokenflow.runtime.launch import train
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    cfg = load_config(TrainConfig, "examples/vllm.toml",
+                      ["--run.steps", "2", "--rollout.prompts_per_step", "4", "--run.eval_limit", "16",
+                       "--run.checkpoint_every", "0", "--metrics.progress", "false",
+                       "--metrics.sinks", '["jsonl"]'])
+    assert cfg.engine.backend == "vllm"
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 2
