@@ -103,3 +103,15 @@ def test_seeded_prompts_beyond_one_steps_token_budget(tmp_path):
     groups = engine.generate(prompts, SamplingParams(n=4, max_tokens=8, seed=1, ignore_eos=True))
     assert sum(r.num_tokens for g in groups for r in g) == 20 * 4 * 8
     engine.close()
+
+
+@needs_vllm
+def test_bench_engine_runs_both_backends_and_prints_only_json():
+    proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "bench", "engine", "--backend", "builtin,vllm",
+                           "--prompts", "4", "--samples", "2", "--max-tokens", "8", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)  # vLLM's own log lines must not reach stdout
+    assert result["backends"] == ["builtin", "vllm"]
+    assert result["vllm_tokens_per_s"] > 0 and result["engine_tokens_per_s"] > 0
+    assert result["vllm_speedup"] > 0 and result["vllm_vs_builtin"] > 0

@@ -88,6 +88,9 @@ class VLLMEngine:
 
     def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core runs here
+        # vLLM's own handler writes to stdout, where `--json` output goes; its records go
+        # through the host's logging instead (stderr, the run's level and live view).
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         try:
             import vllm  # noqa: F401
         except ImportError as e:
