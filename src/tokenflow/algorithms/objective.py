@@ -79,7 +79,7 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
     behaviour = t.behaviour if cfg.behaviour_logprobs else t.prox
     corr = apply_corrections(cfg, logprobs=t.logprobs, behaviour=behaviour, prox=t.prox,
                              adv=t.advantages, mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
-    pg, clipped = POLICY_LOSSES[cfg.policy_loss](
+    pg, clipped = POLICY_LOSSES.get(cfg.policy_loss)(
         t.logprobs, old, t.advantages, cfg.clip_low, cfg.clip_high,
         mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
     # One weight for every term: dropped tokens leave the KL, entropy and value terms too.
