@@ -192,7 +192,14 @@ def _dr_grpo_constant_check(alg) -> None:
                          "(the constant length in its normaliser)")
 
 
+def _no_options(task) -> None:
+    if task.options:
+        raise ValueError(f"task.options ({', '.join(sorted(task.options))}) is for plugin tasks; "
+                         f"task.name = {task.name!r} takes none: remove [task.options]")
+
+
 def _dataset_check(task) -> None:
+    _no_options(task)
     if not task.train_path:
         raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
     if not task.reward:
@@ -218,7 +225,7 @@ AGGREGATIONS.add("seq_mean_token_mean", _G + "seq_mean_token_mean")
 AGGREGATIONS.add("seq_mean_token_sum", _G + "seq_mean_token_sum")
 AGGREGATIONS.add("dr_grpo_constant", _G + "dr_grpo_constant", check=_dr_grpo_constant_check)
 
-TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config")
+TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config", check=_no_options)
 TASKS.add("dataset", "tokenflow.tasks.dataset:from_config", check=_dataset_check)
 
 SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")

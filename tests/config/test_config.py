@@ -67,3 +67,8 @@ def test_invalid_combinations_are_refused_at_start(overrides, needle):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(TrainConfig, tmp_path / "nope.toml")
+
+
+def test_builtin_tasks_take_no_plugin_options():
+    with pytest.raises(ConfigError, match=r"task.options \(depth\) is for plugin tasks"):
+        load_config(TrainConfig, None, ["--task.options.depth", "3"])
