@@ -36,8 +36,21 @@ def test_unknown_key_names_it_and_lists_valid_ones():
 def test_ill_typed_and_bad_choice_are_refused():
     with pytest.raises(ConfigError, match="rollout.group_size"):
         load_config(TrainConfig, None, ["--rollout.group_size", "many"])
-    with pytest.raises(ConfigError, match="'grpo', 'dr_grpo'"):
+    with pytest.raises(ConfigError, match="known: dr_grpo, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo"):
         load_config(TrainConfig, None, ["--algorithm.advantage", "ppo2"])
+
+
+@pytest.mark.parametrize("key,typo,meant", [
+    ("algorithm.advantage", "rlo", "rloo"),
+    ("algorithm.policy_loss", "gpso", "gspo"),
+    ("algorithm.aggregation", "token_means", "token_mean"),
+    ("task.name", "arithmetics", "arithmetic"),
+])
+def test_unknown_registered_name_lists_the_known_ones_and_suggests_one(key, typo, meant):
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, None, [f"--{key}", typo])
+    msg = str(err.value)
+    assert f"{key} = {typo!r} is not a known" in msg and f"did you mean {meant!r}?" in msg and "known: " in msg
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -54,3 +67,8 @@ def test_invalid_combinations_are_refused_at_start(overrides, needle):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(TrainConfig, tmp_path / "nope.toml")
+
+
+def test_builtin_tasks_take_no_plugin_options():
+    with pytest.raises(ConfigError, match=r"task.options \(depth\) is for plugin tasks"):
+        load_config(TrainConfig, None, ["--task.options.depth", "3"])

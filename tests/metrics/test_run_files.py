@@ -32,13 +32,13 @@ def test_tensorboard_of_a_real_run_matches_metrics_jsonl(traced_run):
     assert {"reward", "loss", "policy", "offpolicy", "rollout", "buffer", "sync", "perf"} <= namespaces
 
 
-def test_wandb_offline_files_of_a_real_run(traced_run):
-    (f,) = (traced_run / "wandb").glob("offline-run-*/run-*.wandb")
+def test_wandb_offline_files_of_a_real_run(wandb_run):
+    (f,) = (wandb_run / "wandb").glob("offline-run-*/run-*.wandb")
     rows = {r["_step"]: r for r in history(f)}
-    for r in step_rows(traced_run):
+    for r in step_rows(wandb_run):
         assert rows[r["step"]]["reward/mean"] == pytest.approx(r["reward/mean"])
         assert rows[r["step"]]["loss/total"] == pytest.approx(r["loss/total"])
-    summary = json.loads((traced_run / "summary.json").read_text())
+    summary = json.loads((wandb_run / "summary.json").read_text())
     assert rows[STEPS]["eval/accuracy"] == pytest.approx(summary["final_accuracy"])
 
 

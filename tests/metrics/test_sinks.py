@@ -92,7 +92,6 @@ def test_a_sink_that_fails_to_close_does_not_lose_the_others(tmp_path, caplog):
 
 @pytest.fixture()
 def offline_wandb(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
     for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
                        "WANDB_CONFIG_DIR": str(tmp_path / ".wandb-config"),
                        "WANDB_CACHE_DIR": str(tmp_path / ".wandb-cache")}.items():

@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray = pytest.importorskip("ray")
+    import ray  # a declared test dependency: missing, it fails rather than skips
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray

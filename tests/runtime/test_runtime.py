@@ -92,21 +92,51 @@ def test_inflight_updates_lose_nothing_and_tag_versions(tmp_path, default_model)
     assert summary_file["final_accuracy"] == summary["final_accuracy"]
 
 
+def engine_passes_started_in_trainer_steps(run) -> list[int]:
+    """From the run's trace: for each trainer step, how many engine forward passes (prefill or
+    decode) began while it ran."""
+    from tokenflow.report import load_run
+    from tokenflow.report.timeline import ENGINE_BUSY
+
+    tl = load_run(run).timeline
+    starts = tl.intervals(ENGINE_BUSY)[:, 0]
+    return [int(((starts > s) & (starts < e)).sum()) for s, e in tl.intervals(("trainer/step",))]
+
+
 @pytest.mark.parametrize("mode", ["abort", "drain", "blocking"])
 def test_every_update_mode_trains_whole_groups(tmp_path, mode):
     run = tmp_path / "run"
-    cfg = small_config("--rollout.max_staleness", "1", "--run.steps", "3", "--engine.update_mode", mode,
-                       "--run.checkpoint_every", "0", "--run.save_rollouts", "true")
+    # Small steps (2 prompts × 2 samples) and a staleness of 2: the trainer's step is shorter than
+    # the engine's generation of the groups ahead, so weights arrive while samples are running
+    # (the swap must do something in every mode, abort included).
+    cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "5", "--engine.update_mode", mode,
+                       "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+                       "--run.checkpoint_every", "0", "--run.save_rollouts", "true", "--metrics.trace", "true")
     summary = train(cfg, run)
-    assert summary["steps"] == 3 and summary["update_mode"] == mode
+    assert summary["steps"] == 5 and summary["update_mode"] == mode
     rows = step_rows(run)
-    assert all(r["rollout/count"] == 16 for r in rows)
+    assert all(r["rollout/count"] == 4 for r in rows)
+    spanning = 0  # rollouts whose tokens come from more than one policy version
     for ro in read_jsonl(run / "rollouts.jsonl"):
         versions = np.array(ro["versions"])
         assert len(versions) == len(ro["completion_ids"]) == len(ro["logprobs"])
         assert np.all(np.diff(versions) >= 0) and versions.max() < ro["step"]
+        spanning += len(set(ro["versions"])) > 1
         if mode == "drain":
             assert len(set(ro["versions"])) == 1  # no rollout spans a weight swap
+    aborted = sum(r.get("sync/aborted_samples", 0.0) for r in rows)
+    if mode == "abort":
+        # Swaps stopped running samples, and the stopped samples came back resumed from their
+        # prefix under the new weights: whole groups (above) holding two versions (here).
+        assert aborted > 0 and spanning > 0, (aborted, spanning)
+    else:
+        assert aborted == 0
+    if mode == "blocking":
+        # Generation and training take turns. The orchestrator sends the pause before the step,
+        # so the engine can begin at most one forward pass before the pause reaches it (the
+        # two messages travel to different processes); more means it generated during training.
+        started = engine_passes_started_in_trainer_steps(run)
+        assert len(started) == 5 and max(started) <= 1, started
 
 
 def test_two_engines_over_a_striped_broadcast(tmp_path):

@@ -132,7 +132,7 @@ def test_example_toml_loads_and_runs():
 
 def test_the_training_config_loads_unchanged():
     """Every section of the real TrainConfig, as its TOML would hold it, on top of a preset."""
-    root = pytest.importorskip("tokenflow.config.root")
+    from tokenflow.config import root
     from tokenflow.sim.loading import load_layers, preset_layer
 
     train = root.TrainConfig()

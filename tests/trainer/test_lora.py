@@ -11,7 +11,6 @@ from tokenflow.trainer import Trainer, TrainerConfig
 from tests.trainer.test_checkpoint import _roundtrip
 from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
 
-pytest.importorskip("peft")
 CFG = dict(device="cpu", lr=1e-2, lora_rank=4, lora_alpha=8.0)
 
 

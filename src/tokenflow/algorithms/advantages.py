@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.registry import ADVANTAGES
 from tokenflow.rollout import Rollout
 
 
@@ -53,14 +54,8 @@ class AdvantageResult:
 
 
 Estimator = Callable[[AdvantageInputs, AlgorithmConfig], AdvantageResult]
-ADVANTAGES: dict[str, Estimator] = {}
-
-
-def register(name: str) -> Callable[[Estimator], Estimator]:
-    def deco(fn: Estimator) -> Estimator:
-        ADVANTAGES[name] = fn
-        return fn
-    return deco
+# The estimators below are registered by name in tokenflow.registry (with what each needs);
+# plugins add theirs with @ADVANTAGES.register("name", needs_values=..., token_rewards=...).
 
 
 def _broadcast(per_seq: np.ndarray, masks: list[np.ndarray]) -> list[np.ndarray]:
@@ -88,21 +83,18 @@ def _group_centred(rewards: np.ndarray, group_ids: np.ndarray, scale_std: bool, 
     return out
 
 
-@register("grpo")
 def grpo(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """A_i = (r_i − mean_g r) / (std_g r + eps), std only when cfg.scale_std."""
     a = _group_centred(inp.rewards, inp.group_ids, cfg.scale_std, cfg.eps)
     return AdvantageResult(_broadcast(a, inp.masks))
 
 
-@register("dr_grpo")
 def dr_grpo(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """A_i = r_i − mean_g r (Dr. GRPO: no std division)."""
     a = _group_centred(inp.rewards, inp.group_ids, False, cfg.eps)
     return AdvantageResult(_broadcast(a, inp.masks))
 
 
-@register("rloo")
 def rloo(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """A_i = r_i − mean_{j≠i} r_j over the group; 0 for a group of one."""
     a = np.zeros(len(inp.rewards), dtype=np.float64)
@@ -169,13 +161,11 @@ def _reinforce_pp(inp: AdvantageInputs, cfg: AlgorithmConfig, baseline: bool) ->
     return AdvantageResult(whiten(_expand(returns, inp.masks), inp.masks, cfg.eps))
 
 
-@register("reinforce_pp")
 def reinforce_pp(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """Per-token discounted return (outcome on the last loss token), whitened over the batch."""
     return _reinforce_pp(inp, cfg, baseline=False)
 
 
-@register("reinforce_pp_baseline")
 def reinforce_pp_baseline(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """REINFORCE++ with the group mean reward subtracted before the returns and whitening."""
     return _reinforce_pp(inp, cfg, baseline=True)
@@ -192,7 +182,6 @@ def gae_sequence(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: flo
     return adv
 
 
-@register("gae")
 def gae(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """Token-level GAE(γ, λ); returns R_t = A_t + V_t are the value head's targets."""
     if inp.values is None:
@@ -208,8 +197,8 @@ def gae(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
 
 def estimate(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     """Run the configured estimator, then optional whitening."""
-    result = ADVANTAGES[cfg.advantage](inp, cfg)
-    if cfg.whiten_advantages and not cfg.advantage.startswith("reinforce_pp"):
+    result = ADVANTAGES.get(cfg.advantage)(inp, cfg)
+    if cfg.whiten_advantages and not ADVANTAGES.props(cfg.advantage)["normalised"]:
         result.advantages = whiten(result.advantages, inp.masks, cfg.eps)
     return result
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenflow.registry import AGGREGATIONS
+
 
 @dataclass(frozen=True)
 class GlobalCounts:
@@ -41,26 +43,33 @@ class GlobalCounts:
 
 def token_weights(mode: str, mask: torch.Tensor, seq_index: torch.Tensor, seq_tokens: torch.Tensor,
                   counts: GlobalCounts, max_completion_tokens: int | None = None) -> torch.Tensor:
-    """Per-token aggregation weight (0 where ``mask`` is 0).
+    """Per-token aggregation weight (0 where ``mask`` is 0), from the mode registered as ``mode``
+    (:data:`tokenflow.registry.AGGREGATIONS`; the built-in ones are below).
 
     ``mask`` [n] marks loss tokens, ``seq_index`` [n] gives each token's sequence (0..S-1 within
     this micro-batch) and ``seq_tokens`` [S] each sequence's loss-token count T_i.
     """
-    m = mask.to(torch.float32)
-    n_tok = max(counts.num_tokens, 1)
-    n_seq = max(counts.num_sequences, 1)
-    if mode == "token_mean":
-        return m / n_tok
-    if mode == "seq_mean_token_mean":
-        per_tok = seq_tokens.to(torch.float32).clamp(min=1)[seq_index]
-        return m / (per_tok * n_seq)
-    if mode == "seq_mean_token_sum":
-        return m / n_seq
-    if mode == "dr_grpo_constant":
-        if max_completion_tokens is None:
-            raise ValueError('aggregation "dr_grpo_constant" needs max_completion_tokens')
-        return m / (float(max_completion_tokens) * n_seq)
-    raise ValueError(f"unknown aggregation {mode!r}")
+    return AGGREGATIONS.get(mode)(mask.to(torch.float32), seq_index, seq_tokens, counts, max_completion_tokens)
+
+
+# Each mode: fn(mask as float [n], seq_index [n], seq_tokens [S], counts, max_completion_tokens).
+def token_mean(m, seq_index, seq_tokens, counts: GlobalCounts, max_completion_tokens=None):
+    return m / max(counts.num_tokens, 1)
+
+
+def seq_mean_token_mean(m, seq_index, seq_tokens, counts: GlobalCounts, max_completion_tokens=None):
+    per_tok = seq_tokens.to(torch.float32).clamp(min=1)[seq_index]
+    return m / (per_tok * max(counts.num_sequences, 1))
+
+
+def seq_mean_token_sum(m, seq_index, seq_tokens, counts: GlobalCounts, max_completion_tokens=None):
+    return m / max(counts.num_sequences, 1)
+
+
+def dr_grpo_constant(m, seq_index, seq_tokens, counts: GlobalCounts, max_completion_tokens=None):
+    if max_completion_tokens is None:
+        raise ValueError('aggregation "dr_grpo_constant" needs max_completion_tokens')
+    return m / (float(max_completion_tokens) * max(counts.num_sequences, 1))
 
 
 def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

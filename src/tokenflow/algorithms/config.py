@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tokenflow.config.base import ConfigModel
+from tokenflow.registry import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
-PolicyLossName = Literal["ppo", "gspo", "cispo"]
-AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo_constant"]
+# Names are open: any registered estimator, loss or aggregation (built in, or added by a plugin;
+# see tokenflow.registry). Unknown names are refused with the known ones listed.
+AdvantageName = str
+PolicyLossName = str
+AggregationName = str
 
 
 class AlgorithmConfig(ConfigModel):
@@ -26,7 +29,8 @@ class AlgorithmConfig(ConfigModel):
     """Advantage estimator: "grpo" (group mean baseline, divided by the group std when
     scale_std), "dr_grpo" (group mean baseline, never divided by the std), "rloo" (leave-one-out
     mean), "reinforce_pp" (return normalised over the batch), "reinforce_pp_baseline" (group mean
-    subtracted first), "gae" (token-level GAE with a value head; needs trainer.value_head)."""
+    subtracted first), "gae" (token-level GAE with a value head; needs trainer.value_head), or
+    any estimator a plugin registers (docs/plugins.md)."""
 
     scale_std: bool = True
     """GRPO only: divide the centred reward by the group's sample std (ddof=1) plus eps."""
@@ -120,22 +124,34 @@ class AlgorithmConfig(ConfigModel):
     value_clip: float | None = Field(default=None, gt=0)
     """PPO value clipping: V is kept within ± this of the value before the step. None = off."""
 
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str) -> str:
+        ADVANTAGES.entry(v)
+        return v
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _known_policy_loss(cls, v: str) -> str:
+        POLICY_LOSSES.entry(v)
+        return v
+
+    @field_validator("aggregation")
+    @classmethod
+    def _known_aggregation(cls, v: str) -> str:
+        AGGREGATIONS.entry(v)
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
+        # What each chosen component refuses is declared with it (its registry entry's check).
+        ADVANTAGES.validate(self.advantage, self)
+        POLICY_LOSSES.validate(self.policy_loss, self)
+        AGGREGATIONS.validate(self.aggregation, self)
         if self.clip_low > self.clip_high:
             raise ValueError(
                 f"algorithm.clip_low ({self.clip_low}) > algorithm.clip_high ({self.clip_high}): "
                 "clip-higher needs clip_high ≥ clip_low; raise clip_high or lower clip_low"
-            )
-        if self.advantage == "dr_grpo" and self.scale_std and "scale_std" in self.model_fields_set:
-            raise ValueError(
-                'algorithm.advantage = "dr_grpo" never divides by the std, but algorithm.scale_std '
-                'is true; use advantage = "grpo" with scale_std, or drop scale_std'
-            )
-        if self.aggregation == "dr_grpo_constant" and self.max_completion_tokens is None:
-            raise ValueError(
-                'algorithm.aggregation = "dr_grpo_constant" needs algorithm.max_completion_tokens '
-                "(the constant length in its normaliser)"
             )
         lo, hi = self.is_mask_low, self.is_mask_high
         if lo is not None and hi is not None and lo >= hi:
@@ -154,27 +170,33 @@ class AlgorithmConfig(ConfigModel):
                     "record behaviour log-probs"
                 )
         if self.kl_in_reward:
-            token_level = ("reinforce_pp", "reinforce_pp_baseline", "gae")
+            token_level = [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["token_rewards"]]
             if self.kl_coef <= 0:
                 raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 (the penalty's weight)")
-            if self.advantage not in token_level:
+            if not ADVANTAGES.props(self.advantage)["token_rewards"]:
                 raise ValueError(
                     f'algorithm.kl_in_reward puts a penalty on every token, but advantage = "{self.advantage}" '
                     f"uses only the outcome; use one of {', '.join(token_level)} or put the KL in the loss")
             if not self.behaviour_logprobs:
                 raise ValueError("algorithm.kl_in_reward needs the engine's behaviour log-probs "
                                  "(algorithm.behaviour_logprobs = true)")
-        if self.value_clip is not None and self.advantage != "gae":
+        if self.value_clip is not None and not self.uses_values:
             raise ValueError(
                 f'algorithm.value_clip is set but algorithm.advantage = "{self.advantage}" '
-                'trains no value head; use advantage = "gae" or unset value_clip'
+                f"trains no value head; use an estimator with values ({', '.join(self.value_estimators())}) "
+                "or unset value_clip"
             )
         return self
 
     @property
     def uses_values(self) -> bool:
-        """Whether the estimator needs a value head."""
-        return self.advantage == "gae"
+        """Whether the estimator needs a value head (its ``needs_values`` property)."""
+        return bool(ADVANTAGES.props(self.advantage)["needs_values"])
+
+    @staticmethod
+    def value_estimators() -> list[str]:
+        """Registered estimators that need a value head (for messages)."""
+        return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["needs_values"]]
 
     @property
     def needs_prox_pass(self) -> bool:

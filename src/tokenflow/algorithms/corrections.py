@@ -12,7 +12,8 @@ What each correction does to a token's loss ℓ_t:
 * **TIS** (cap C): the token's effective importance weight becomes min(w, C). Decoupled: ℓ is
   multiplied by min(w, C) instead of w. Direct (w already sits inside ρ = π_θ/μ): ℓ is
   multiplied by the detached factor min(1, C/w).
-* **IS masking** [a, b]: tokens with w outside [a, b] contribute 0.
+* **IS masking** [a, b]: tokens with w outside [a, b] contribute 0 (to every loss term: the
+  objective applies ``keep`` to the policy, KL, entropy and value terms alike).
 * **OPSM** (δ): every token of a sequence whose mean advantage is negative and whose mean
   per-token log μ − log π_θ exceeds δ contributes 0.
 * **Version rejection** (max age): tokens with trainer_version − token_version > max age are

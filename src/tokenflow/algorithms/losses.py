@@ -68,7 +68,8 @@ def cispo(logprobs, old_logprobs, adv, clip_low: float, clip_high: float, **_):
     return loss, (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
 
 
-POLICY_LOSSES = {"ppo": ppo_clip, "gspo": gspo, "cispo": cispo}
+# Registered by name (as "ppo", "gspo", "cispo") in tokenflow.registry.POLICY_LOSSES.
+from tokenflow.registry import POLICY_LOSSES  # noqa: E402,F401  (re-exported)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

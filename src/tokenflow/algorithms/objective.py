@@ -13,6 +13,11 @@ The ratio each objective clips (``old`` below):
 Loss terms, each already aggregated and scaled, so that total = policy + kl + entropy + value:
 ``policy``, ``kl`` = kl_coef·KL, ``entropy_bonus`` = −entropy_coef·H, ``value`` =
 value_coef·0.5(V − R)².
+
+A token that a correction drops (IS masking, OPSM; version rejection already left ``mask``)
+contributes nothing to *any* term: all four aggregate with the same weights ``weights · keep``.
+A dropped token is one the trainer does not trust, so pulling it towards the reference, raising
+its entropy or fitting a value to it would train on the same data the policy term refuses.
 """
 
 from __future__ import annotations
@@ -74,9 +79,10 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
     behaviour = t.behaviour if cfg.behaviour_logprobs else t.prox
     corr = apply_corrections(cfg, logprobs=t.logprobs, behaviour=behaviour, prox=t.prox,
                              adv=t.advantages, mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
-    pg, clipped = POLICY_LOSSES[cfg.policy_loss](
+    pg, clipped = POLICY_LOSSES.get(cfg.policy_loss)(
         t.logprobs, old, t.advantages, cfg.clip_low, cfg.clip_high,
         mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
+    # One weight for every term: dropped tokens leave the KL, entropy and value terms too.
     w = t.weights * corr.keep
     policy = aggregate(pg * corr.weight, w)
     zero = policy.new_zeros(())
@@ -86,12 +92,12 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
         if t.ref_logprobs is None:
             raise ValueError("algorithm.kl_coef > 0 needs reference log-probs")
         kl = token_kl(t.logprobs, t.ref_logprobs, cfg.kl_estimator)
-        kl_term = cfg.kl_coef * aggregate(kl, t.weights)
+        kl_term = cfg.kl_coef * aggregate(kl, w)
     if cfg.entropy_coef > 0 and t.entropy is not None:
-        ent_term = -cfg.entropy_coef * aggregate(t.entropy, t.weights)
+        ent_term = -cfg.entropy_coef * aggregate(t.entropy, w)
     if t.values is not None and t.returns is not None:
         vl = value_loss(t.values, t.old_values, t.returns, cfg.value_clip)
-        val_term = cfg.value_coef * aggregate(vl, t.weights)
+        val_term = cfg.value_coef * aggregate(vl, w)
     total = policy + kl_term + ent_term + val_term
     if stats is not None:
         _record(stats, t, old, corr, clipped, kl, LossTerms(total, policy, kl_term, ent_term, val_term))

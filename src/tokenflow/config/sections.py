@@ -6,9 +6,9 @@ The engine, algorithm and trainer sections live beside their code
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tokenflow.config.base import ConfigModel
 
@@ -42,8 +42,9 @@ class ModelConfig(ConfigModel):
 
 
 class TaskConfig(ConfigModel):
-    name: Literal["arithmetic", "dataset"] = "arithmetic"
-    """"arithmetic" (built in) or "dataset" (prompts from a local JSONL/Parquet file + your reward)."""
+    name: str = "arithmetic"
+    """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),
+    or a task a plugin registers (docs/plugins.md)."""
     seed: int = 0
     """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
     num_eval: int = Field(default=256, ge=1)
@@ -57,19 +58,29 @@ class TaskConfig(ConfigModel):
     prompt_field: str = "prompt"
     """Column holding the prompt text."""
     reward: str | None = None
-    """Reward function as "module:function" or "path/to/file.py:function"."""
+    """Reward function as "module:function", "path/to/file.py:function", or the name of a
+    registered scorer (docs/plugins.md)."""
     chat_template: bool = False
     """Wrap each prompt in the tokenizer's chat template as a user message."""
     system_prompt: str | None = None
     """Optional system message when chat_template is on."""
 
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Settings of a plugin task, as a table (``[task.options]``); built-in tasks take none."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from tokenflow.registry import TASKS
+
+        TASKS.entry(v)
+        return v
+
     @model_validator(mode="after")
-    def _dataset_needs_files(self) -> "TaskConfig":
-        if self.name == "dataset":
-            if not self.train_path:
-                raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
-            if not self.reward:
-                raise ValueError('task.name = "dataset" needs task.reward = "module:function"')
+    def _task_accepts_settings(self) -> "TaskConfig":
+        from tokenflow.registry import TASKS
+
+        TASKS.validate(self.name, self)  # what the chosen task needs is declared with it
         return self
 
 

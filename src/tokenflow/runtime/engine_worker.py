@@ -57,6 +57,7 @@ class EngineWorker:
         self.t_start = time.perf_counter()
         self.busy_s = 0.0
         self.pauses: list[float] = []
+        self.aborted = 0  # samples the last abort-mode swap stopped
         self.decode_samples: list[tuple[int, float]] = []
         self.prefill_samples: list[tuple[int, float]] = []
         self.last_status = 0.0
@@ -153,8 +154,10 @@ class EngineWorker:
             # Blocking: generation is paused while the trainer steps, so swap at once (a drain
             # would wait for paused sequences forever).
             mode = "inflight" if self.mode == "blocking" else self.mode
-            self.engine.update_weights(self.receiver.tensors(), msg.version, mode=mode,
-                                       checksum=msg.checksum)
+            report = self.engine.update_weights(self.receiver.tensors(), msg.version, mode=mode,
+                                                checksum=msg.checksum)
+        # Samples an abort-mode swap stopped (each is resubmitted from its prefix by collect()).
+        self.aborted = int(report.get("aborted", 0)) if isinstance(report, dict) else 0
         # The pause: decoding stops only for this call (a drain's swap happens later, in step()).
         self.pauses.append(time.perf_counter() - t0)
         self.loading = msg
@@ -167,6 +170,7 @@ class EngineWorker:
         self.loading = None
         self.out_q.put(Envelope(self.name, WeightsLoaded(msg.version, {
             **timings, "sync/engine_pause_s": self.pauses[-1] if self.pauses else 0.0,
+            "sync/aborted_samples": float(self.aborted),
             "sync/apply_wait_s": time.perf_counter() - self.load_started,
             "sync/latency_s": time.time() - msg.sent_at})))
         self._begin_next()

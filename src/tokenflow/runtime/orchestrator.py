@@ -157,7 +157,9 @@ class Orchestrator:
             self.engine_versions[worker] = msg.version
             self.buffer.set_engine_version(min(self.engine_versions.values()))
             self.sync_timings.append(msg.timings)
-            if self.blocking and min(self.engine_versions.values()) >= self.step:
+            # Not while a step runs: a load that lands after the next step was dispatched would
+            # otherwise unpause generation during training.
+            if self.blocking and not self.trainer_busy and min(self.engine_versions.values()) >= self.step:
                 self.backend.broadcast(M.SetPaused(False))
         elif isinstance(msg, M.EngineStatus):
             self.engine_totals.update(worker, msg)

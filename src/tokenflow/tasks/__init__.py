@@ -6,15 +6,11 @@ from tokenflow.tasks.base import Prompt, Task
 
 
 def build_task(cfg) -> Task:
-    """The task described by a ``TaskConfig``."""
-    if cfg.name == "arithmetic":
-        from tokenflow.tasks.arithmetic import ArithmeticTask
+    """The task described by a ``TaskConfig``: the factory registered as ``cfg.name``
+    (:data:`tokenflow.registry.TASKS`), called with the config."""
+    from tokenflow.registry import TASKS
 
-        return ArithmeticTask(seed=cfg.seed, num_eval=cfg.num_eval)
-    from tokenflow.tasks.dataset import DatasetTask
-
-    return DatasetTask(cfg.train_path, cfg.reward, eval_path=cfg.eval_path,
-                       eval_fraction=cfg.eval_fraction, prompt_field=cfg.prompt_field, seed=cfg.seed)
+    return TASKS.get(cfg.name)(cfg)
 
 
 __all__ = ["Prompt", "Task", "build_task"]

@@ -119,3 +119,8 @@ class ArithmeticTask:
 
     def num_train_prompts(self) -> int | None:
         return None
+
+
+def from_config(cfg) -> ArithmeticTask:
+    """The registered factory (``task.name = "arithmetic"``)."""
+    return ArithmeticTask(seed=cfg.seed, num_eval=cfg.num_eval)

@@ -85,3 +85,9 @@ class DatasetTask:
 
     def num_train_prompts(self) -> int | None:
         return len(self._train)
+
+
+def from_config(cfg) -> DatasetTask:
+    """The registered factory (``task.name = "dataset"``)."""
+    return DatasetTask(cfg.train_path, cfg.reward, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
+                       prompt_field=cfg.prompt_field, seed=cfg.seed)

@@ -20,9 +20,17 @@ class RewardFunctionError(ValueError):
 
 def load_reward_fn(spec: str):
     if ":" not in spec:
-        raise RewardFunctionError(
-            f"reward {spec!r} must be 'module:function' or 'path/to/file.py:function'"
-        )
+        # A registered scorer's name (tokenflow.registry.SCORERS, plugins included).
+        from tokenflow.registry import SCORERS, UnknownName
+
+        try:
+            fn = SCORERS.get(spec)
+        except UnknownName as e:
+            raise RewardFunctionError(
+                f"reward {spec!r} is neither 'module:function', 'path/to/file.py:function' nor a "
+                f"registered scorer: {e}") from None
+        check_picklable(fn)
+        return fn
     target, name = spec.rsplit(":", 1)
     if target.endswith(".py"):
         path = Path(target).resolve()

@@ -137,7 +137,9 @@ class TrainerConfig(ConfigModel):
 def check_compatible(trainer: TrainerConfig, algorithm: AlgorithmConfig) -> None:
     """Refuse trainer/algorithm combinations that cannot work, naming the fields to change."""
     if algorithm.uses_values and not trainer.value_head:
-        raise ValueError('algorithm.advantage = "gae" needs a value head: set trainer.value_head = true')
+        raise ValueError(f'algorithm.advantage = "{algorithm.advantage}" needs a value head: '
+                         'set trainer.value_head = true')
     if trainer.value_head and not algorithm.uses_values:
         raise ValueError(f'trainer.value_head = true but algorithm.advantage = "{algorithm.advantage}" '
-                         'uses no values; set advantage = "gae" or value_head = false')
+                         f"uses no values; set advantage to one that does "
+                         f"({', '.join(algorithm.value_estimators())}) or value_head = false")

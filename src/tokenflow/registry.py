@@ -1,0 +1,231 @@
+"""Open registries: advantage estimators, policy losses, aggregation modes, tasks and scorers by name.
+
+Every choice a config makes by name (``algorithm.advantage = "rloo"``, ``task.name =
+"dataset"``) is looked up in a :class:`Registry`, never in a closed list, so third-party code adds
+its own without editing tokenflow:
+
+* with a decorator, in any module the run imports::
+
+      from tokenflow.registry import ADVANTAGES
+
+      @ADVANTAGES.register("my_baseline", token_rewards=True)
+      def my_baseline(inp, cfg): ...
+
+* or from an installed package, through the entry point group ``tokenflow.plugins``: each entry
+  point names a module (imported) or a callable (called with no arguments) that registers its
+  components. Plugins load once per process, the first time a registry is asked about a name,
+  so spawned workers (scorers, trainer) find them too.
+
+What a component needs from the rest of the run is declared with it, as properties (an
+estimator's ``needs_values``, say) and an optional ``check(config)`` that refuses settings it
+cannot work with; the config code reads those instead of testing names. Built-in components are
+declared here as ``"module:attribute"`` targets, imported on first use, so that validating a
+config loads neither torch nor numpy.
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "tokenflow.plugins"
+
+
+class UnknownName(ValueError):
+    """A config names a component no registry holds; the message lists the known ones."""
+
+
+class PluginError(RuntimeError):
+    """An installed plugin failed to load; the message names its entry point."""
+
+
+@dataclass
+class Entry:
+    name: str
+    target: Any
+    """The component itself, or a ``"module:attribute"`` string imported on first use."""
+    props: dict = field(default_factory=dict)
+    check: Callable[[Any], None] | None = None
+    """Called with the config section that chose this entry; raises ValueError to refuse it."""
+
+    def load(self) -> Any:
+        if isinstance(self.target, str):
+            module, _, attr = self.target.partition(":")
+            self.target = getattr(importlib.import_module(module), attr)
+        return self.target
+
+
+class Registry:
+    """Named components of one kind, e.g. advantage estimators chosen by ``algorithm.advantage``."""
+
+    def __init__(self, kind: str, config_key: str, defaults: dict | None = None) -> None:
+        self.kind = kind
+        self.config_key = config_key
+        self.defaults = dict(defaults or {})
+        """Properties every entry has unless it declares otherwise."""
+        self._entries: dict[str, Entry] = {}
+
+    def add(self, name: str, target: Any, *, check: Callable | None = None, **props) -> None:
+        """Register ``target`` (the component or a ``"module:attribute"`` string) under ``name``."""
+        unknown = set(props) - set(self.defaults)
+        if unknown:
+            raise TypeError(f"{self.kind} {name!r}: unknown propert{'y' if len(unknown) == 1 else 'ies'} "
+                            f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(self.defaults)) or 'none'}")
+        if name in self._entries and self._entries[name].target is not target:
+            log.warning("%s %r registered again; the later registration wins", self.kind, name)
+        self._entries[name] = Entry(name, target, {**self.defaults, **props}, check)
+
+    def register(self, name: str, *, check: Callable | None = None, **props) -> Callable:
+        """Decorator form of :meth:`add`."""
+        def deco(obj):
+            self.add(name, obj, check=check, **props)
+            return obj
+        return deco
+
+    # ---- lookups (each loads the installed plugins first, once per process) -------------------
+    def entry(self, name: str) -> Entry:
+        if name not in self._entries:
+            load_plugins()
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownName(self.unknown_message(name)) from None
+
+    def get(self, name: str) -> Any:
+        """The component registered as ``name``."""
+        return self.entry(name).load()
+
+    def props(self, name: str) -> dict:
+        return self.entry(name).props
+
+    def validate(self, name: str, section: Any = None) -> None:
+        """Refuse an unknown name (listing the known ones) or settings the component refuses."""
+        e = self.entry(name)
+        if e.check is not None and section is not None:
+            e.check(section)
+
+    def names(self) -> list[str]:
+        load_plugins()
+        return sorted(self._entries)
+
+    def unknown_message(self, name: str) -> str:
+        known = self.names()
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return (f"{self.config_key} = {name!r} is not a known {self.kind}{hint}; known: {', '.join(known)}. "
+                f"Plugins register more through the {ENTRY_POINT_GROUP!r} entry point group (docs/plugins.md)")
+
+    # Mapping-like access, so ``REGISTRY[name]`` and ``name in REGISTRY`` read as for a dict.
+    def __getitem__(self, name: str) -> Any:
+        return self.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import every ``tokenflow.plugins`` entry point (once per process)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as e:  # noqa: BLE001 - any failure is reported the same way, with its origin
+            dist = getattr(ep, "dist", None)
+            origin = f" (package {dist.name})" if dist is not None else ""
+            raise PluginError(f"tokenflow plugin {ep.name!r} = {ep.value!r}{origin} failed to load: "
+                              f"{type(e).__name__}: {e}; fix or uninstall it") from e
+        log.debug("loaded tokenflow plugin %s = %s", ep.name, ep.value)
+
+
+# ---- the registries and the built-in components --------------------------------------------------
+ADVANTAGES = Registry("advantage estimator", "algorithm.advantage",
+                      defaults={"needs_values": False, "token_rewards": False, "normalised": False})
+"""Estimators ``fn(AdvantageInputs, AlgorithmConfig) -> AdvantageResult``. Properties:
+``needs_values`` (per-token values from a value head; returns value targets), ``token_rewards``
+(uses per-token rewards, so ``kl_in_reward`` may put the KL penalty there), ``normalised``
+(already normalises over the batch: ``whiten_advantages`` is not applied again)."""
+
+POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
+"""``fn(logprobs, old_logprobs, adv, clip_low, clip_high, *, mask, seq_index, num_seqs) ->
+(per-token loss, clipped)``; see :mod:`tokenflow.algorithms.losses`."""
+
+AGGREGATIONS = Registry("aggregation mode", "algorithm.aggregation")
+"""``fn(mask, seq_index, seq_tokens, counts, max_completion_tokens) -> per-token weights``; see
+:mod:`tokenflow.algorithms.aggregation`."""
+
+TASKS = Registry("task", "task.name")
+"""``factory(TaskConfig) -> Task``; see :mod:`tokenflow.tasks.base`."""
+
+SCORERS = Registry("scorer", "task.reward")
+"""Reward functions ``fn(prompt, completion, example) -> float | dict``, named by ``task.reward``
+(which also accepts ``"module:function"``)."""
+
+
+def _dr_grpo_check(alg) -> None:
+    if alg.scale_std and "scale_std" in alg.model_fields_set:
+        raise ValueError('algorithm.advantage = "dr_grpo" never divides by the std, but algorithm.scale_std '
+                         'is true; use advantage = "grpo" with scale_std, or drop scale_std')
+
+
+def _dr_grpo_constant_check(alg) -> None:
+    if alg.max_completion_tokens is None:
+        raise ValueError('algorithm.aggregation = "dr_grpo_constant" needs algorithm.max_completion_tokens '
+                         "(the constant length in its normaliser)")
+
+
+def _no_options(task) -> None:
+    if task.options:
+        raise ValueError(f"task.options ({', '.join(sorted(task.options))}) is for plugin tasks; "
+                         f"task.name = {task.name!r} takes none: remove [task.options]")
+
+
+def _dataset_check(task) -> None:
+    _no_options(task)
+    if not task.train_path:
+        raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
+    if not task.reward:
+        raise ValueError('task.name = "dataset" needs task.reward = "module:function"')
+
+
+_A = "tokenflow.algorithms.advantages:"
+ADVANTAGES.add("grpo", _A + "grpo")
+ADVANTAGES.add("dr_grpo", _A + "dr_grpo", check=_dr_grpo_check)
+ADVANTAGES.add("rloo", _A + "rloo")
+ADVANTAGES.add("reinforce_pp", _A + "reinforce_pp", token_rewards=True, normalised=True)
+ADVANTAGES.add("reinforce_pp_baseline", _A + "reinforce_pp_baseline", token_rewards=True, normalised=True)
+ADVANTAGES.add("gae", _A + "gae", needs_values=True, token_rewards=True)
+
+_L = "tokenflow.algorithms.losses:"
+POLICY_LOSSES.add("ppo", _L + "ppo_clip")
+POLICY_LOSSES.add("gspo", _L + "gspo")
+POLICY_LOSSES.add("cispo", _L + "cispo")
+
+_G = "tokenflow.algorithms.aggregation:"
+AGGREGATIONS.add("token_mean", _G + "token_mean")
+AGGREGATIONS.add("seq_mean_token_mean", _G + "seq_mean_token_mean")
+AGGREGATIONS.add("seq_mean_token_sum", _G + "seq_mean_token_sum")
+AGGREGATIONS.add("dr_grpo_constant", _G + "dr_grpo_constant", check=_dr_grpo_constant_check)
+
+TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config", check=_no_options)
+TASKS.add("dataset", "tokenflow.tasks.dataset:from_config", check=_dataset_check)
+
+SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")
