@@ -94,7 +94,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
 
     Resuming a folder that holds no checkpoint yet (the run died before its first one) starts it
     again from step 0 with its stored config; resuming a finished run raises ``RunFinished``."""
-    from tokenflow.runtime.run_resources import run_resources
+    from tokenflow.runtime.run_resources import release_segments, run_resources
 
     rd = RunDir(run_dir)
     if resume:
@@ -104,8 +104,12 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     model = resolve_model_path(cfg.model.path)
     task, tokenizer = prepare(cfg, model)
     rd.create()
-    with run_resources(rd.root):
-        return _train(cfg, rd, model, task, tokenizer, resume)
+    with run_resources(rd.root) as tag:
+        try:
+            return _train(cfg, rd, model, task, tokenizer, resume)
+        finally:
+            if cfg.runtime.backend == "local":
+                release_segments(tag)  # every worker has stopped by now
 
 
 def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:

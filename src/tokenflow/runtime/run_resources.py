@@ -61,6 +61,27 @@ def remove_leftovers(tag: str) -> int:
     return n
 
 
+def release_segments(tag: str) -> int:
+    """Unlink the run's shared-memory segments once its workers are gone (a killed trainer never
+    unlinks its weight slots), and tell the resource tracker, which would otherwise warn about them."""
+    from multiprocessing import resource_tracker
+
+    n = 0
+    for p in leftovers(tag):
+        if p.name.startswith("sem."):
+            continue  # this process's own queues still hold theirs; they go at exit
+        try:
+            p.unlink()
+            n += 1
+        except FileNotFoundError:
+            continue
+        try:
+            resource_tracker.unregister(f"/{p.name}", "shared_memory")
+        except Exception:  # noqa: BLE001 - no tracker running: nothing to tell
+            pass
+    return n
+
+
 @contextlib.contextmanager
 def run_resources(run_dir: Path):
     """Hold the run's lock, clear what a killed run left, and name what this one creates after it."""

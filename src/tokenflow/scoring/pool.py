@@ -112,6 +112,7 @@ class ScorerPool:
         self._pool = ProcessPool(max_workers=workers, initializer=_init_worker,
                                  initargs=(reward_spec, str(tdir) if tdir else None),
                                  context=mp.get_context("spawn"))
+        self._pool.active  # noqa: B018 - starts the workers now (pebble starts them on first use)
         self._pending: list[_Pending] = []
         self._pids: dict[int, object] = {}  # worker pid -> its process, as last seen alive
         self.failed = 0

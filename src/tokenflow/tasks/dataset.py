@@ -9,6 +9,7 @@ its position in that stream, so resume accounts for every prompt exactly.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,11 @@ def read_numbered_rows(path: str, prompt_field: str) -> tuple[list[int], list[di
         import datasets
 
         datasets.disable_progress_bars()
+        # datasets logs the useful detail of a failure at ERROR level before raising; it goes in
+        # the one-line message below instead.
+        ds_log = logging.getLogger("datasets")
+        level = ds_log.level
+        ds_log.setLevel(logging.CRITICAL)
         try:
             ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
         except Exception as e:  # noqa: BLE001 - datasets raises many types for a broken file
@@ -70,6 +76,8 @@ def read_numbered_rows(path: str, prompt_field: str) -> tuple[list[int], list[di
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DatasetError(f"cannot read {p} as {p.suffix.lower()} ({detail}); fix the file "
                                "or save it as JSON Lines") from None
+        finally:
+            ds_log.setLevel(level)
         rows = ds.to_list()
         numbers = list(range(1, len(rows) + 1))
     if not rows:
