@@ -40,3 +40,25 @@ def test_a_reward_that_raises_on_every_call_stops_the_run(tmp_path):
     with pytest.raises(RunFailed, match="every sample of step 1 failed scoring .*the verifier is down"):
         train(cfg, tmp_path / "run")
     assert step_rows(tmp_path / "run") == []
+
+
+@pytest.mark.timeout(900)
+def test_a_synchronous_run_resumed_from_a_periodic_checkpoint_ends_with_the_same_weights(tmp_path):
+    """A periodic checkpoint is taken before the engines load its weights; resuming from it must
+    not wait for a load that never comes (it hung), and must end where the whole run ended."""
+    import shutil
+
+    from tokenflow.bench.chaos_checks import weights_diff
+
+    cfg = small_config("--rollout.max_staleness", "0", "--run.checkpoint_every", "2", "--run.steps", "4")
+    run = tmp_path / "run"
+    train(cfg, run)
+    shutil.copytree(run / "checkpoints" / "step_000004", tmp_path / "whole")
+    shutil.rmtree(run / "checkpoints" / "step_000004")  # as if killed between steps 2 and 4
+    (run / "summary.json").unlink()
+    resumed = train(cfg, run, resume=True)
+    assert resumed["steps"] == 4
+    # Not bit-exact: the engine's behaviour log-probs round differently with a different batch
+    # composition (timing), which moves a weight by about one float32 ulp (1.2e-7 at |w| ≈ 1;
+    # seen: 6e-8 and 1.2e-7). The issue's bound, 1e-6, is eight such ulps.
+    assert weights_diff(tmp_path / "whole", run / "checkpoints" / "step_000004") <= 1e-6

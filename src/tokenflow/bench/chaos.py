@@ -16,8 +16,9 @@ Once the kills are spent, the last resume runs to the end. Then:
     final weights                against a run with the same config that was never killed
 
 Both runs are synchronous (``rollout.max_staleness = 0``) with one thread per worker: the same
-seeded computation, so the resumed run's final weights must equal the reference's (the check
-allows 1e-6; the expected difference is 0). Exit status 0 when every check holds.
+seeded computation, the same tokens. The weights are not bit-equal: the engine's log-probs round
+differently with a different batch composition, about one float32 ulp (1.2e-7 at |w| ≈ 1); the
+check allows the issue's 1e-6. Exit status 0 when every check holds.
 """
 
 from __future__ import annotations

@@ -94,6 +94,10 @@ class Orchestrator:
         self.tokens_offset = state.get("tokens_generated", 0)
         self.buffer.load_state_dict(buffer_state)
         self.engine_versions = {k: self.step for k in self.engine_versions}
+        # The engines start with the checkpoint's weights. The saved buffer may predate their
+        # loading that version (a periodic checkpoint is taken as the step ends); left there, a
+        # synchronous run would wait for ever for a WeightsLoaded that never comes.
+        self.buffer.set_engine_version(self.step)
         for gid, pid in self.buffer.in_flight.items():
             self.prompts[gid] = self.task.train_prompt(pid)
 
