@@ -97,10 +97,11 @@ def _workers(proc: subprocess.Popen, run_dir: Path) -> dict[str, int] | None:
         return None
     if w.get("orchestrator") != proc.pid:
         return None  # still the previous invocation's file
-    known = set(w.values())
-    scorers = [p for p in _children(proc.pid) if p not in known]
-    return {**{k: v for k, v in w.items() if not k.startswith("scorer")},
-            **{f"scorer{i}": p for i, p in enumerate(scorers)}}
+    # Scorer workers from /proc: pebble replaces one that a timeout killed, and workers.json
+    # only knows the first ones.
+    roles = {k: v for k, v in w.items() if not k.startswith("scorer")}
+    scorers = [p for p in _children(proc.pid) if p not in roles.values()]
+    return {**roles, **{f"scorer{i}": p for i, p in enumerate(scorers)}}
 
 
 def _steps_done(run_dir: Path) -> int:

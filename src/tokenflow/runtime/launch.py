@@ -38,7 +38,12 @@ def resolve_model_path(path: str) -> str:
                 f"the default model is missing from {p}; rebuild it with "
                 "`python -m tokenflow.tools.make_default_model --out src/tokenflow/assets/default_model`")
         return str(p)
-    return path  # checked by tokenflow.runtime.preflight.check_model_folder
+    if not Path(path).is_dir():
+        from tokenflow.runtime.preflight import InputError
+
+        raise InputError(f"model.path {path!r} is not a folder; point model.path at a Hugging Face model "
+                         "folder (config.json, *.safetensors, tokenizer files)")
+    return path  # its contents are checked by tokenflow.runtime.preflight.check_model_folder
 
 
 def default_run_dir(cfg) -> Path:
