@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--kills", type=int, default=8, help="how many SIGKILLs (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule (what, and when)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"what to kill, among {','.join(KINDS)}")
-    p.add_argument("--steps", type=int, default=None, help="run.steps (default: kills + 6)")
+    p.add_argument("--steps", type=int, default=None, help="run.steps (default: 2 × kills + 6)")
     p.add_argument("--worker-timeout", type=float, default=60.0,
                    help="runtime.worker_timeout_s: how long a run may take to stop after a worker dies")
     p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-chaos-<time>)")
@@ -195,7 +195,7 @@ def _config(args, overrides: list[str]):
     from tokenflow.config.root import TrainConfig
     from tokenflow.runtime.launch import default_config_path
 
-    steps = args.steps or max(8, args.kills + 6)
+    steps = args.steps or 2 * args.kills + 6  # a kill lands every one or two steps of progress
     base = [] if args.config else list(SMALL)
     forced = ["--rollout.max_staleness", "0", "--metrics.progress", "false", "--run.steps", str(steps),
               "--runtime.worker_timeout_s", str(args.worker_timeout)]
