@@ -59,7 +59,7 @@ def test_reward_file_without_the_function_suggests_one(files, capsys):
 
 def test_reward_that_is_not_a_function(files, capsys):
     msg = train_error(files, capsys, *dataset(files, files / "good.jsonl", reward="NOT_A_FUNCTION"))
-    assert "is a int, not a function" in msg
+    assert "is an int, not a function" in msg
 
 
 def test_malformed_json_line_names_its_line_and_the_detail(files, capsys):

@@ -74,7 +74,8 @@ def load_reward_fn(spec: str):
             (f"it defines {', '.join(sorted(names)[:8])}" if names else "it defines no functions")
         raise RewardFunctionError(f"{target!r} has no function {name!r} ({suggestion}); fix task.reward")
     if not callable(fn):
-        raise RewardFunctionError(f"{target}:{name} is a {type(fn).__name__}, not a function; "
+        kind = type(fn).__name__
+        raise RewardFunctionError(f"{target}:{name} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function; "
                                   "name a function fn(prompt, completion, example) in task.reward")
     if isinstance(fn, type):
         raise RewardFunctionError(f"{target}:{name} is a class, not a function; "
