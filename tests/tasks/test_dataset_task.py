@@ -51,7 +51,7 @@ def test_parquet_task(tmp_path, reward_file):
 
 def test_malformed_rows_are_named(tmp_path, reward_file):
     data = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"prompt": ""}, {"text": "no prompt"}])
-    with pytest.raises(DatasetError, match=r"2 row\(s\).*rows 2, 3"):
+    with pytest.raises(DatasetError, match=r"2 row\(s\).*lines 2, 3"):
         DatasetTask(str(data), f"{reward_file}:exact")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # name -> module; each module defines register(subparsers) and does heavy imports in run().
 BENCHMARKS = {
+    "chaos": "tokenflow.bench.chaos",
     "engine": "tokenflow.bench.engine",
     "pipeline": "tokenflow.bench.pipeline",
     "sync": "tokenflow.bench.sync",
@@ -13,6 +14,6 @@ BENCHMARKS = {
 def register(subparsers) -> None:
     from tokenflow.cli.main import register_all
 
-    parser = subparsers.add_parser("bench", help="benchmarks (engine, pipeline, sync)")
+    parser = subparsers.add_parser("bench", help="benchmarks (chaos, engine, pipeline, sync)")
     register_all(parser.add_subparsers(dest="bench", metavar="BENCHMARK"), BENCHMARKS)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

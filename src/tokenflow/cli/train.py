@@ -29,14 +29,50 @@ def _load(args, overrides):
     if args.resume:
         path = Path(args.resume) / "config.toml"
         if not path.is_file():
-            raise SystemExit(f"error: {args.resume} is not a run folder (no config.toml)")
+            from tokenflow.config.loading import ConfigError
+
+            raise ConfigError(f"{args.resume} is not a run folder (no config.toml); give --resume the folder of a run")
     else:
         path = args.config or default_config_path()
     return load_config(TrainConfig, path, overrides)
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean bad input (exit 2, one line), as opposed to a run that failed (exit 1)."""
+    from tokenflow.config.loading import ConfigError
+    from tokenflow.runtime.preflight import InputError
+    from tokenflow.runtime.run_resources import RunInUse
+    from tokenflow.tasks.dataset import DatasetError
+    from tokenflow.tasks.reward_loading import RewardFunctionError
+
+    return ConfigError, InputError, DatasetError, RewardFunctionError, RunInUse
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def _resume_advice(run_dir) -> str:
+    """What to do after a failed run: a command that works from where the folder stands."""
+    from tokenflow.runtime.run_dir import RunDir
+
+    cps = RunDir(run_dir).complete_checkpoints()
+    if cps:
+        return f"The last checkpoint ({cps[-1].name}) is intact; continue with: tokenflow train --resume {run_dir}"
+    return (f"No checkpoint was written yet; start the run again with: tokenflow train --resume {run_dir} "
+            "(it starts from step 0 with the same config)")
+
+
+def _reusable(run_dir) -> bool:
+    """A folder a run started in and died before its first checkpoint: nothing in it to keep."""
+    from tokenflow.runtime.run_dir import RunDir
+
+    rd = RunDir(run_dir)
+    return rd.config.is_file() and not rd.summary.exists() and not rd.complete_checkpoints()
+
+
 def run(args, overrides: list[str] | None = None) -> int:
-    from tokenflow.config.loading import ConfigError, describe_fields, to_toml
+    from tokenflow.config.loading import describe_fields, to_toml
 
     overrides = overrides or []
     if args.help_config:
@@ -45,23 +81,24 @@ def run(args, overrides: list[str] | None = None) -> int:
         for key, default, doc in describe_fields(TrainConfig):
             print(f"{key} = {default}\n    {doc}")
         return 0
+    input_errors = _input_errors()
     try:
         cfg = _load(args, overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except input_errors as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     if args.dry_run:
         sys.stdout.write(to_toml(cfg))
         return 0
     from pathlib import Path
 
-    from tokenflow.runtime.launch import default_run_dir, train
+    from tokenflow.runtime.launch import RunFinished, default_run_dir, train
 
     if args.resume:
         run_dir = Path(args.resume)
     else:
         run_dir = Path(args.output_dir) if args.output_dir else default_run_dir(cfg)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and any(run_dir.iterdir()) and not _reusable(run_dir):
             print(f"error: run folder {run_dir} exists; continue it with --resume {run_dir} "
                   "or choose another --output-dir / --run.name", file=sys.stderr)
             return 2
@@ -70,8 +107,14 @@ def run(args, overrides: list[str] | None = None) -> int:
 
     try:
         summary = train(cfg, run_dir, resume=bool(args.resume))
+    except RunFinished as e:
+        print(str(e), file=sys.stderr)
+        return 0
+    except input_errors as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
     except (RunFailed, WorkerDied) as e:
-        print(f"error: {e}\nThe last checkpoint is intact: tokenflow train --resume {run_dir}", file=sys.stderr)
+        print(f"error: {e}\n{_resume_advice(run_dir)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"interrupted; continue with: tokenflow train --resume {run_dir}", file=sys.stderr)

@@ -88,7 +88,7 @@ def _describe(model: type[BaseModel], err: dict) -> str:
         return err["msg"].removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, dict) else ""
-    return f"{key}: {err['msg']}{shown}"
+    return f"{key}: {err['msg']}{shown}; set a valid {key} (`tokenflow train --help-config` documents every key)"
 
 
 def validate(model: type[M], data: dict) -> M:
@@ -96,7 +96,7 @@ def validate(model: type[M], data: dict) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         lines = [_describe(model, err) for err in e.errors()]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+        raise ConfigError("invalid config: " + "; ".join(lines)) from None
 
 
 def load_config(model: type[M], path: str | Path | None = None, overrides: list[str] | dict | None = None) -> M:
@@ -104,11 +104,15 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
+            raise ConfigError(f"config file {str(p)!r} does not exist; check the path")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+            raise ConfigError(f"{p}: not valid TOML ({e}); fix the syntax there") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+        except OSError as e:
+            raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror}); check the path") from None
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():

@@ -39,9 +39,11 @@ def resolve_model_path(path: str) -> str:
                 "`python -m tokenflow.tools.make_default_model --out src/tokenflow/assets/default_model`")
         return str(p)
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"model.path {path!r} is not a folder with a Hugging Face model "
-                                "(config.json, model.safetensors, tokenizer files)")
-    return path
+        from tokenflow.runtime.preflight import InputError
+
+        raise InputError(f"model.path {path!r} is not a folder; point model.path at a Hugging Face model "
+                         "folder (config.json, *.safetensors, tokenizer files)")
+    return path  # its contents are checked by tokenflow.runtime.preflight.check_model_folder
 
 
 def default_run_dir(cfg) -> Path:
@@ -69,25 +71,65 @@ def _make_backend(cfg, engine_model: str, trainer_model: str, version: int, resu
                         resume_dir=resume_dir, trace_dir=trace_dir).start()
 
 
+class RunFinished(Exception):
+    """``--resume`` of a run that already reached its last step (nothing is changed)."""
+
+    def __init__(self, summary: dict, run_dir: Path) -> None:
+        super().__init__(f"run {run_dir} already finished ({summary.get('steps')} steps); nothing to do. "
+                         f"Its summary is in {run_dir / 'summary.json'}")
+        self.summary = summary
+
+
+def prepare(cfg, model: str):
+    """Everything a run needs that can be wrong in the user's input, checked before the run folder
+    or any process exists (``tokenflow.runtime.preflight``): (task, tokenizer)."""
+    from tokenflow.runtime import preflight
+    from tokenflow.tasks import build_task
+
+    preflight.check_model_folder(model)
+    tokenizer = preflight.load_tokenizer(model)
+    task = build_task(cfg.task)
+    preflight.check_reward(task)
+    preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
+    return task, tokenizer
+
+
 def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
-    """Run (or resume) training; returns the summary also written to ``summary.json``."""
+    """Run (or resume) training; returns the summary also written to ``summary.json``.
+
+    Resuming a folder that holds no checkpoint yet (the run died before its first one) starts it
+    again from step 0 with its stored config; resuming a finished run raises ``RunFinished``."""
+    from tokenflow.runtime.run_resources import release_segments, run_resources
+
+    rd = RunDir(run_dir)
+    if resume:
+        done = rd.finished(cfg.run.steps)
+        if done is not None:
+            raise RunFinished(done, rd.root)
+    model = resolve_model_path(cfg.model.path)
+    task, tokenizer = prepare(cfg, model)
+    rd.create()
+    with run_resources(rd.root) as tag:
+        try:
+            return _train(cfg, rd, model, task, tokenizer, resume)
+        finally:
+            if cfg.runtime.backend == "local":
+                release_segments(tag)  # every worker has stopped by now
+
+
+def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     from transformers import AutoTokenizer
 
     from tokenflow.config.loading import to_toml
     from tokenflow.metrics.sinks import build_logger
     from tokenflow.runtime.orchestrator import Orchestrator
     from tokenflow.scoring.pool import ScorerPool
-    from tokenflow.tasks import build_task
 
-    rd = RunDir(run_dir).create()
-    model = resolve_model_path(cfg.model.path)
     engine_model = trainer_model = model
     version, resume_dir, resume_state = 0, None, None
-    if resume:
-        ckpt = rd.latest_checkpoint()
-        if ckpt is None:
-            raise FileNotFoundError(f"{rd.root} holds no complete checkpoint to resume from")
-        rd.clean_staging()
+    rd.clean_staging()
+    ckpt = rd.latest_checkpoint() if resume else None
+    if ckpt is not None:
         resume_state = RunDir.load_checkpoint(ckpt)
         version = resume_state[0]["step"]
         rd.truncate_after(version)
@@ -95,13 +137,15 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         if cfg.trainer.lora_rank is not None:  # the adapters resume on the base, not the merged model
             trainer_model = model
         resume_dir = str(ckpt)
+        tokenizer = AutoTokenizer.from_pretrained(trainer_model)
         log.info("resuming %s from step %d", rd.root, version)
     else:
+        if resume:
+            log.warning("%s holds no complete checkpoint: the run starts again from step 0", rd.root)
+        rd.reset()
         rd.config.write_text(to_toml(cfg))
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
-    task = build_task(cfg.task)
-    tokenizer = AutoTokenizer.from_pretrained(trainer_model)
     if cfg.runtime.backend == "ray":
         from tokenflow.runtime.ray_scoring import RayScorerPool
 
@@ -109,14 +153,18 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     else:
         scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
-                          resume_step=version + 1 if resume else None)
-    backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
-    _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers}})
+                          resume_step=version + 1 if resume_state is not None else None)
+    backend = None
     try:
+        backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
+        scorers = {f"scorer{i}": pid for i, pid in enumerate(scorer.worker_pids())}
+        _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers},
+                                 **scorers})
         orch = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
         summary = orch.run()
     finally:
-        backend.shutdown()
+        if backend is not None:
+            backend.shutdown()
         scorer.close()
         logger.close()
         trace.flush()

@@ -59,6 +59,11 @@ class Orchestrator:
         self.next_group_id = 0
         self.baseline_accuracy: float | None = None
         self.wall_offset = 0.0
+        # What earlier invocations of this run did (up to the checkpoint resumed from), so that
+        # summary.json covers the whole run, not only the last call.
+        self.elapsed_offset = 0.0
+        self.tokens_offset = 0
+        self.t_start = time.monotonic()
         self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
         self.trainer_busy = True  # until TrainerReady
         self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
@@ -85,14 +90,22 @@ class Orchestrator:
         self.next_group_id = state["next_group_id"]
         self.baseline_accuracy = state["baseline_accuracy"]
         self.wall_offset = state["wall_s"]
+        self.elapsed_offset = state.get("elapsed_s", state["wall_s"])
+        self.tokens_offset = state.get("tokens_generated", 0)
         self.buffer.load_state_dict(buffer_state)
         self.engine_versions = {k: self.step for k in self.engine_versions}
+        # The engines start with the checkpoint's weights. The saved buffer may predate their
+        # loading that version (a periodic checkpoint is taken as the step ends); left there, a
+        # synchronous run would wait for ever for a WeightsLoaded that never comes.
+        self.buffer.set_engine_version(self.step)
         for gid, pid in self.buffer.in_flight.items():
             self.prompts[gid] = self.task.train_prompt(pid)
 
     def _state(self) -> dict:
         return {"step": self.step, "cursor": self.cursor, "next_group_id": self.next_group_id,
-                "baseline_accuracy": self.baseline_accuracy, "wall_s": self.wall_s()}
+                "baseline_accuracy": self.baseline_accuracy, "wall_s": self.wall_s(),
+                "elapsed_s": self.elapsed_offset + time.monotonic() - self.t_start,
+                "tokens_generated": self.tokens_offset + self.engine_totals.total("tokens")}
 
     def wall_s(self) -> float:
         return self.wall_offset + (time.monotonic() - self.t_train0 if self.t_train0 is not None else 0.0)
@@ -218,6 +231,12 @@ class Orchestrator:
             return
         step = self.step + 1
         rollouts = [r for g in batch for r in g]
+        if all(r.failed for r in rollouts):
+            # Nothing to learn from, and the next batch will be no different: stop instead of
+            # "training" on nothing to the end and exiting 0.
+            why = rollouts[0].info.get("score_error", "unknown")
+            raise RunFailed(f"every sample of step {step} failed scoring (first error: {why}); "
+                            f"fix the reward function {self.task.reward_spec!r}, then resume")
         sync = step % self.cfg.sync.every == 0 or step == self.cfg.run.steps
         prompt_ids = [g[0].prompt_id for g in batch]
         for g in batch:
@@ -274,8 +293,13 @@ class Orchestrator:
         self.backend.trainer.send(M.Save(str(staging)))
 
     def _on_saved(self, msg: M.Saved) -> None:
+        from tokenflow.runtime.run_dir import CheckpointError
+
         staging, step, state, buffer_state = self._pending_checkpoint
-        path = self.run_dir.commit_checkpoint(staging, step, state, buffer_state, self.cfg.run.keep_checkpoints)
+        try:
+            path = self.run_dir.commit_checkpoint(staging, step, state, buffer_state, self.cfg.run.keep_checkpoints)
+        except CheckpointError as e:
+            raise RunFailed(str(e)) from None
         log.debug("checkpoint %s", path)
         self._pending_checkpoint = None
         self.trainer_busy = False
@@ -323,7 +347,7 @@ class Orchestrator:
         self._pending_checkpoint = None
         self.ledger = open(self.run_dir.ledger, "a", encoding="utf-8")
         self.progress = Progress(cfg.run.steps, start=self.step, enabled=cfg.metrics.progress)
-        t_start = time.monotonic()
+        t_start = self.t_start = time.monotonic()
         try:
             self.progress.status("starting workers")
             self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
@@ -372,13 +396,13 @@ class Orchestrator:
         window = train_wall - self.wall_offset
         return {
             "baseline_accuracy": self.baseline_accuracy, "final_accuracy": final,
-            "steps": self.step, "wall_s": round(total_s, 3), "train_wall_s": round(train_wall, 3),
+            "steps": self.step, "wall_s": round(self.elapsed_offset + total_s, 3), "train_wall_s": round(train_wall, 3),
             "mode": "sync" if self.cfg.rollout.max_staleness == 0 else "async",
             "max_staleness": self.cfg.rollout.max_staleness,
             "update_mode": self.cfg.engine.update_mode,
             "trainer_idle_frac": self.idle.trainer_idle(window),
             "engine_idle_frac": self.idle.engine_idle(self.engine_totals),
-            "tokens_generated": self.engine_totals.total("tokens"),
+            "tokens_generated": self.tokens_offset + self.engine_totals.total("tokens"),
             "in_flight_prompt_ids": sorted(self.buffer.in_flight.values()),
             "last_reward_mean": self.last_progress.get("reward"),
             "token_age_histogram": {str(a): c for a, c in sorted(self.buffer.stats.age_histogram.items())},

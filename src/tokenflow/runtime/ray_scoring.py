@@ -58,6 +58,8 @@ class _Future:
 
 
 class _RayActorPool:
+    active = True  # Ray restarts a dead reward actor itself; the pool never breaks
+
     def __init__(self, ray, reward_spec: str, workers: int, cpus: float) -> None:
         self.ray = ray
         cls = ray.remote(ScorerActor).options(num_cpus=cpus, max_restarts=-1, max_task_retries=0)
@@ -110,6 +112,7 @@ class RayScorerPool(ScorerPool):
         self.timeout_s = rt.score_timeout_s
         self._pool = _RayActorPool(connect(cfg), reward_spec, rt.scorer_workers, rt.ray_scorer_cpus)
         self._pending = []
+        self._pids = {}
         self.failed = 0
         self.timeouts = 0
         self.scored = 0

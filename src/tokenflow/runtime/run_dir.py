@@ -10,20 +10,79 @@
       calibration.json     component timings for `tokenflow simulate --calibrate`
       tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json, buffer.pkl}
 
-A checkpoint is written into a hidden temporary folder and renamed into place, so a folder named
-``step_*`` is always complete; a run killed mid-write leaves only a temporary folder, removed on
-resume.
+A checkpoint is written into a hidden temporary folder, closed with a ``manifest.json`` (the
+size and SHA-256 of every file in it), flushed to disk and renamed into place, so a folder named
+``step_*`` is complete when it appears; a run killed mid-write leaves only a temporary folder,
+removed on resume. A checkpoint is loaded only if its manifest is there and every file matches
+it: one damaged later (a torn copy, a disk error) is set aside as ``.bad-step_*`` and the one
+before it is used. A write that fails (a full disk) removes its temporary folder and leaves the
+previous checkpoint as it was.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
 from pathlib import Path
 
 from tokenflow.metrics.sinks import read_jsonl
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(root: Path) -> None:
+    """Record every file's size and checksum, with everything (the manifest last) on disk."""
+    entries = {}
+    for p in _files(root):
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+        entries[str(p.relative_to(root))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    with open(root / MANIFEST, "w", encoding="utf-8") as f:
+        json.dump({"files": entries}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify_checkpoint(root: Path) -> str | None:
+    """None if ``root`` is whole (every file its manifest lists, of that size and checksum), else why not."""
+    try:
+        entries = json.loads((root / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        return "it has no manifest (its write never finished)"
+    except (ValueError, KeyError, TypeError) as e:
+        return f"its manifest is unreadable ({e})"
+    for rel, want in entries.items():
+        p = root / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != want["bytes"]:
+            return f"{rel} has {p.stat().st_size} bytes, the manifest says {want['bytes']}"
+        if _sha256(p) != want["sha256"]:
+            return f"{rel} does not match its checksum"
+    return None
 
 
 class RunDir:
@@ -54,8 +113,37 @@ class RunDir:
         return sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.startswith("step_"))
 
     def latest_checkpoint(self) -> Path | None:
+        """The newest checkpoint that verifies; damaged ones are set aside (never loaded)."""
+        for cp in reversed(self.complete_checkpoints()):
+            why = verify_checkpoint(cp)
+            if why is None:
+                return cp
+            bad = cp.with_name(f".bad-{cp.name}")
+            shutil.rmtree(bad, ignore_errors=True)
+            os.replace(cp, bad)
+            log.warning("checkpoint %s is damaged (%s); set aside as %s, using the one before it", cp, why, bad.name)
+        return None
+
+    def finished(self, steps: int) -> dict | None:
+        """The summary of a run that already reached ``steps`` (None if it has not)."""
+        if not self.summary.is_file():
+            return None
+        try:
+            summary = json.loads(self.summary.read_text())
+        except ValueError:
+            return None
         cps = self.complete_checkpoints()
-        return cps[-1] if cps else None
+        if summary.get("steps", -1) >= steps and cps and int(cps[-1].name.split("_")[-1]) >= steps:
+            return summary
+        return None
+
+    def reset(self) -> None:
+        """Forget everything a run that never checkpointed did (it starts again from step 0)."""
+        for path in (self.metrics, self.ledger, self.rollouts, self.summary, self.calibration, self.workers):
+            path.unlink(missing_ok=True)
+        for path in (self.trace_dir, self.root / "tensorboard"):
+            shutil.rmtree(path, ignore_errors=True)
+        self.clean_staging()
 
     def staging_dir(self, step: int) -> Path:
         tmp = self.checkpoints / f".tmp-step_{step:06d}"
@@ -66,19 +154,32 @@ class RunDir:
 
     def commit_checkpoint(self, staging: Path, step: int, orchestrator_state: dict, buffer_state: dict,
                           keep: int) -> Path:
-        (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1))
-        with open(staging / "buffer.pkl", "wb") as f:
-            pickle.dump(buffer_state, f)
         final = self.checkpoint_dir(step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)  # atomic: the step_* name appears only when complete
+        try:
+            (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1))
+            with open(staging / "buffer.pkl", "wb") as f:
+                pickle.dump(buffer_state, f)
+            write_manifest(staging)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)  # atomic: the step_* name appears only when complete
+            fd = os.open(self.checkpoints, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the rename itself on disk
+            finally:
+                os.close(fd)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            previous = self.complete_checkpoints()
+            kept = f"the previous checkpoint ({previous[-1].name}) is intact" if previous else "no earlier checkpoint exists"
+            fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "fix the cause"
+            raise CheckpointError(f"writing checkpoint step {step} failed ({e}); {kept}; {fix}, then resume") from None
         for old in self.complete_checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def clean_staging(self) -> None:
-        for p in self.checkpoints.glob(".tmp-*"):
+        for p in self.checkpoints.glob(".tmp-*") if self.checkpoints.is_dir() else []:
             shutil.rmtree(p, ignore_errors=True)
 
     @staticmethod
@@ -100,11 +201,14 @@ class RunDir:
                     "finish_reason": r.finish_reason, "text": r.text}) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """Forget rows logged after ``step`` (work the killed run did past its last checkpoint)."""
+        """Forget rows logged after ``step`` (work the killed run did past its last checkpoint).
+        An evaluation logged at ``step`` itself goes too: it ran after the checkpoint was taken,
+        and the resumed run evaluates there again."""
         for path in (self.metrics, self.ledger, self.rollouts):
             if not path.exists():
                 continue
-            rows = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+            rows = [r for r in read_jsonl(path) if r.get("step", 0) < step or (
+                r.get("step", 0) == step and not (path == self.metrics and "eval/accuracy" in r and step > 0))]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
             os.replace(tmp, path)

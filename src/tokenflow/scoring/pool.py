@@ -7,6 +7,12 @@ function that hangs fails only its own sample. A reward function that raises mar
 failed with the error kept in ``rollout.info``. Either way the run goes on; failures are
 counted and logged.
 
+A worker process that dies (killed, out of memory, a reward that calls ``os._exit`` or
+segfaults) is different: pebble cannot tell which samples it took down with it, and a pool whose
+idle worker died refuses new work. :meth:`ScorerPool.check`, called on every turn of the
+orchestrator's loop, raises :class:`ScorerDied` naming the process, so the run stops with a
+resume command instead of a traceback.
+
 Workers load the reward function themselves from its ``module:function`` name (the pool's
 initializer), so nothing but strings and small dicts crosses the process boundary.
 """
@@ -15,12 +21,16 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import numbers
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from pebble import ProcessExpired
 from dataclasses import dataclass, field
 
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
+from tokenflow.runtime.workers import WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +67,26 @@ def _score_group(prompt: str, completions: list[str], example: dict) -> list:
     return out
 
 
+class ScorerDied(WorkerDied):
+    pass
+
+
+def _number(value, what: str) -> float:
+    # float("1.0") would succeed: a string is refused so a reward that returns text is caught
+    # instead of silently read as a number.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} is {type(value).__name__} {value!r}; a reward function must return a "
+                        "float (or a dict of floats with a 'reward' entry)")
+    return float(value)
+
+
 def normalise_reward(out) -> dict[str, float]:
     """A reward function's return value as ``{"reward": float, other components...}``."""
     if isinstance(out, dict):
         if "reward" not in out:
             raise ValueError(f"reward dict needs a 'reward' entry, got keys {sorted(out)}")
-        return {k: float(v) for k, v in out.items()}
-    return {"reward": float(out)}
+        return {str(k): _number(v, f"reward component {k!r}") for k, v in out.items()}
+    return {"reward": _number(out, "the reward")}
 
 
 @dataclass
@@ -89,21 +112,60 @@ class ScorerPool:
         self._pool = ProcessPool(max_workers=workers, initializer=_init_worker,
                                  initargs=(reward_spec, str(tdir) if tdir else None),
                                  context=mp.get_context("spawn"))
+        self._pool.active  # noqa: B018 - starts the workers now (pebble starts them on first use)
         self._pending: list[_Pending] = []
+        self._pids: dict[int, object] = {}  # worker pid -> its process, as last seen alive
         self.failed = 0
         self.timeouts = 0
         self.scored = 0
 
+    def worker_pids(self) -> list[int]:
+        """The pids of the live worker processes (pebble's own table; empty if it changed shape)."""
+        manager = getattr(self._pool, "_pool_manager", None)
+        workers = getattr(getattr(manager, "worker_manager", None), "workers", None) or {}
+        return sorted(workers)
+
+    def _watch(self) -> None:
+        manager = getattr(self._pool, "_pool_manager", None)
+        workers = getattr(getattr(manager, "worker_manager", None), "workers", None) or {}
+        # Processes pebble retired on purpose (a timed-out task) drop out; live ones are kept so
+        # that one found dead on a later turn can be named.
+        self._pids = {pid: p for pid, p in {**self._pids, **workers}.items() if getattr(p, "exitcode", 0) is None}
+
+    def _died(self, why: str) -> ScorerDied:
+        dead = [(pid, getattr(p, "exitcode", None)) for pid, p in self._pids.items()
+                if getattr(p, "exitcode", None) not in (None, 0)]
+        who = ", ".join(f"pid {pid}, exit code {code}" for pid, code in dead) or "pid unknown"
+        return ScorerDied(f"the scorer worker process ({who}) died: {why}")
+
+    def check(self) -> None:
+        """Raise ``ScorerDied`` if a worker process died (the pool cannot go on without it)."""
+        if not self._pool.active:
+            raise self._died("the scorer pool stopped accepting work")
+        self._watch()
+        for p in self._pending:
+            for f in p.futures:
+                if f.done() and isinstance(f.exception(), ProcessExpired):
+                    e = f.exception()
+                    self._pids.setdefault(e.pid, None)
+                    raise ScorerDied(f"the scorer worker process (pid {e.pid}, exit code {e.exitcode}) died "
+                                     f"while scoring group {p.meta.get('group_id')} ({e})")
+
+    def _schedule(self, fn, args: tuple, timeout: float):
+        try:
+            return self._pool.schedule(fn, args=args, timeout=timeout)
+        except RuntimeError as e:  # pebble: "Unexpected error within the Pool" after a worker died
+            raise self._died(str(e)) from None
+
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
         texts = [r.text or "" for r in group]
-        future = self._pool.schedule(_score_group, args=(prompt_text, texts, example),
-                                     timeout=self.timeout_s * len(group))
+        future = self._schedule(_score_group, (prompt_text, texts, example), self.timeout_s * len(group))
         self._pending.append(_Pending(group, [future], time.time(), prompt_text, example, meta))
 
     def _rescore_per_sample(self, p: _Pending) -> None:
         """The group task timed out: find the hanging sample(s), one task per sample."""
-        p.futures = [self._pool.schedule(_score_one, args=(p.prompt, r.text or "", p.example),
-                                         timeout=self.timeout_s) for r in p.group]
+        p.futures = [self._schedule(_score_one, (p.prompt, r.text or "", p.example), self.timeout_s)
+                     for r in p.group]
         p.per_sample = True
 
     @property
@@ -111,6 +173,7 @@ class ScorerPool:
         return len(self._pending)
 
     def poll(self) -> list[tuple[list[Rollout], dict]]:
+        self.check()
         done, still = [], []
         for p in self._pending:
             if not all(f.done() for f in p.futures):
@@ -138,7 +201,7 @@ class ScorerPool:
         else:
             try:
                 results = p.futures[0].result()
-            except Exception as e:  # noqa: BLE001 - e.g. the worker crashed (os._exit, segfault)
+            except Exception as e:  # noqa: BLE001 - the group task itself failed (check() caught deaths)
                 results = [f"{type(e).__name__}: {e}"] * len(p.group)
         for r, res in zip(p.group, results):
             if res is None:

@@ -46,11 +46,15 @@ def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
 class SharedMemorySender:
     def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0) -> None:
         layout = plan_layout(named_tensors)
-        tag = uuid.uuid4().hex[:10]
+        # Named after the run (see tokenflow.runtime.run_resources): a killed run's segments are
+        # found and removed when it resumes.
+        from tokenflow.runtime.run_resources import shm_prefix
+
+        tag = f"{shm_prefix()}_{uuid.uuid4().hex[:8]}"
         size = max(1, layout.total_bytes)
-        self._slots = [shared_memory.SharedMemory(name=f"tf_{tag}_{i}", create=True, size=size) for i in range(SLOTS)]
+        self._slots = [shared_memory.SharedMemory(name=f"{tag}_{i}", create=True, size=size) for i in range(SLOTS)]
         # control[slot] = [version written, version acked by receiver 0, receiver 1, ...]
-        self._ctl_shm = shared_memory.SharedMemory(name=f"tf_{tag}_ctl", create=True,
+        self._ctl_shm = shared_memory.SharedMemory(name=f"{tag}_ctl", create=True,
                                                    size=8 * SLOTS * (1 + num_receivers))
         self._ctl = np.ndarray((SLOTS, 1 + num_receivers), dtype=np.int64, buffer=self._ctl_shm.buf)
         self._ctl[:] = -1

@@ -8,6 +8,8 @@ its position in that stream, so resume accounts for every prompt exactly.
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -22,32 +24,87 @@ class DatasetError(ValueError):
     pass
 
 
-def read_rows(path: str, prompt_field: str) -> list[dict]:
+def _read_jsonl(p: Path) -> tuple[list[int], list]:
+    """Rows of a JSON Lines file with their line numbers (blank lines skipped); a line that is
+    not UTF-8 or not JSON is named with its number and what is wrong with it."""
+    numbers, rows = [], []
+    with open(p, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{p}: line {number} is not UTF-8 ({e.reason} at byte {e.start}); "
+                                   "save the file as UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{p}: line {number} is not valid JSON ({e.msg} at column {e.colno}); "
+                                   "each line must hold one JSON object") from None
+            numbers.append(number)
+            rows.append(row)
+    return numbers, rows
+
+
+def read_numbered_rows(path: str, prompt_field: str) -> tuple[list[int], list[dict]]:
+    """The rows of a data file and each one's number in it (the line of a JSONL file, the
+    1-based position otherwise), checked: each is an object with a non-empty prompt string."""
     p = Path(path)
     if not p.is_file():
-        raise DatasetError(f"dataset file {str(p)!r} does not exist")
+        raise DatasetError(f"dataset file {str(p)!r} does not exist; check task.train_path / task.eval_path")
     fmt = _FORMATS.get(p.suffix.lower())
     if fmt is None:
-        raise DatasetError(f"dataset file {p.name!r}: use .jsonl, .json or .parquet")
-    import datasets
+        raise DatasetError(f"dataset file {p.name!r} has an unknown format; use .jsonl, .json or .parquet")
+    if p.suffix.lower() == ".jsonl":
+        numbers, rows = _read_jsonl(p)
+    else:
+        import datasets
 
-    datasets.disable_progress_bars()
-    try:
-        ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
-    except Exception as e:  # noqa: BLE001 - datasets raises many types for a broken file
-        raise DatasetError(f"cannot read {p}: {e}") from None
-    rows = ds.to_list()
-    bad = [i for i, r in enumerate(rows)
+        datasets.disable_progress_bars()
+        # datasets logs the useful detail of a failure at ERROR level before raising; it goes in
+        # the one-line message below instead.
+        ds_log = logging.getLogger("datasets")
+        level = ds_log.level
+        ds_log.setLevel(logging.CRITICAL)
+        try:
+            ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+        except Exception as e:  # noqa: BLE001 - datasets raises many types for a broken file
+            # Its message may be empty or sit in a chained exception: name the innermost one.
+            while e.__cause__ is not None or e.__context__ is not None:
+                e = e.__cause__ or e.__context__
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DatasetError(f"cannot read {p} as {p.suffix.lower()} ({detail}); fix the file "
+                               "or save it as JSON Lines") from None
+        finally:
+            ds_log.setLevel(level)
+        rows = ds.to_list()
+        numbers = list(range(1, len(rows) + 1))
+    if not rows:
+        raise DatasetError(f"{p} holds no rows; add one JSON object per line with a {prompt_field!r} field")
+    what = "line" if p.suffix.lower() == ".jsonl" else "row"
+    not_obj = [n for n, r in zip(numbers, rows) if not isinstance(r, dict)]
+    if not_obj:
+        raise DatasetError(f"{p}: {what} {not_obj[0]} is not a JSON object ({len(not_obj)} such); "
+                           f"write each row as {{\"{prompt_field}\": ...}}")
+    bad = [n for n, r in zip(numbers, rows)
            if not isinstance(r.get(prompt_field), str) or not r.get(prompt_field).strip()]
     if bad:
-        shown = ", ".join(str(i + 1) for i in bad[:5])
+        shown = ", ".join(str(n) for n in bad[:5])
         raise DatasetError(
-            f"{p}: {len(bad)} row(s) lack a non-empty string field {prompt_field!r} (rows {shown}"
+            f"{p}: {len(bad)} row(s) lack a non-empty string field {prompt_field!r} ({what}s {shown}"
             f"{', ...' if len(bad) > 5 else ''}); fix them or set task.prompt_field to the prompt column"
         )
-    if not rows:
-        raise DatasetError(f"{p} holds no rows")
-    return rows
+    return numbers, rows
+
+
+def read_rows(path: str, prompt_field: str) -> list[dict]:
+    return read_numbered_rows(path, prompt_field)[1]
+
+
+def _where(path: str, number: int) -> str:
+    p = Path(path)
+    return f"{p.name} {'line' if p.suffix.lower() == '.jsonl' else 'row'} {number}"
 
 
 class DatasetTask:
@@ -58,9 +115,13 @@ class DatasetTask:
         self.reward_fn = load_reward_fn(reward)
         self.prompt_field = prompt_field
         self.seed = seed
-        rows = read_rows(train_path, prompt_field)
+        numbers, rows = read_numbered_rows(train_path, prompt_field)
+        # (where, prompt) of every row, for checks that name a row (tokenflow.runtime.preflight)
+        self.rows = [(_where(train_path, n), r[prompt_field]) for n, r in zip(numbers, rows)]
         if eval_path:
-            self._train, self._eval = rows, read_rows(eval_path, prompt_field)
+            eval_numbers, eval_rows = read_numbered_rows(eval_path, prompt_field)
+            self.rows += [(_where(eval_path, n), r[prompt_field]) for n, r in zip(eval_numbers, eval_rows)]
+            self._train, self._eval = rows, eval_rows
         else:
             order = np.random.default_rng([seed, 7]).permutation(len(rows))
             n_eval = int(round(eval_fraction * len(rows)))

@@ -7,6 +7,7 @@ start, with a message saying what to do instead.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import pickle
@@ -18,7 +19,37 @@ class RewardFunctionError(ValueError):
     pass
 
 
+def _import_file(path: Path):
+    # Import under a stable module name and make its folder importable for the workers.
+    sys.path.insert(0, str(path.parent))
+    module_name = path.stem
+    spec_ = importlib.util.spec_from_file_location(module_name, path)
+    if spec_ is None or spec_.loader is None:
+        raise RewardFunctionError(f"reward file {str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules[module_name] = module
+    try:
+        spec_.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
+        sys.modules.pop(module_name, None)
+        raise RewardFunctionError(f"reward file {str(path)!r} fails to import ({_first_line(e)}); "
+                                  "fix the file") from None
+    return module
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    where = ""
+    if isinstance(e, SyntaxError) and e.lineno:
+        where = f" at line {e.lineno}"
+        text = e.msg
+    return f"{type(e).__name__}{where}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 def load_reward_fn(spec: str):
+    if not isinstance(spec, str):
+        raise RewardFunctionError(
+            f"reward {spec!r} must be 'module:function', 'path/to/file.py:function' or a registered scorer's name")
     if ":" not in spec:
         # A registered scorer's name (tokenflow.registry.SCORERS, plugins included).
         from tokenflow.registry import SCORERS, UnknownName
@@ -35,22 +66,31 @@ def load_reward_fn(spec: str):
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise RewardFunctionError(f"reward file {str(path)!r} does not exist")
-        # Import under a stable module name and make its folder importable for the workers.
-        sys.path.insert(0, str(path.parent))
-        module_name = path.stem
-        spec_ = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[module_name] = module
-        spec_.loader.exec_module(module)
+            raise RewardFunctionError(f"reward file {str(path)!r} does not exist; check task.reward")
+        module = _import_file(path)
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise RewardFunctionError(f"cannot import reward module {target!r}: {e}") from None
+            raise RewardFunctionError(f"cannot import reward module {target!r}: {e}; check task.reward "
+                                      "(module:function, with the module on the Python path)") from None
+        except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
+            raise RewardFunctionError(f"reward module {target!r} fails to import ({_first_line(e)}); "
+                                      "fix the module") from None
     fn = getattr(module, name, None)
-    if fn is None or not callable(fn):
-        raise RewardFunctionError(f"{target!r} has no function {name!r}")
+    if fn is None:
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        hint = difflib.get_close_matches(name, names, n=1)
+        suggestion = f"did you mean {hint[0]!r}?" if hint else \
+            (f"it defines {', '.join(sorted(names)[:8])}" if names else "it defines no functions")
+        raise RewardFunctionError(f"{target!r} has no function {name!r} ({suggestion}); fix task.reward")
+    if not callable(fn):
+        kind = type(fn).__name__
+        raise RewardFunctionError(f"{target}:{name} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function; "
+                                  "name a function fn(prompt, completion, example) in task.reward")
+    if isinstance(fn, type):
+        raise RewardFunctionError(f"{target}:{name} is a class, not a function; "
+                                  "name a function fn(prompt, completion, example) in task.reward")
     check_picklable(fn)
     return fn
 

@@ -1,0 +1,327 @@
+"""`tokenflow bench chaos`: kill a run at seeded random moments, resume it each time, check the result.
+
+    tokenflow bench chaos --kills 20 --json
+
+One run (the default task, small; or a given config) is started as `tokenflow train`, and SIGKILLed
+again and again: the whole process tree, the engine alone, the trainer alone, or a scorer worker
+alone, at a moment drawn from ``--seed`` (during start-up, or some way into a step). After a
+single worker is killed, the run must stop by itself within ``runtime.worker_timeout_s``, naming
+that worker and giving a resume command; after every kill, that command (``--resume``) is run.
+Once the kills are spent, the last resume runs to the end. Then:
+
+    prompts lost / repeated      prompts.jsonl + the summary's in-flight ids: exactly 0..max, once each
+    metric rows duplicated       one training row and at most one evaluation row per step
+    checkpoints                  every checkpoint verifies against its manifest; no staging folder left
+    /dev/shm left                entries named after either run (segments and semaphores)
+    final weights                against a run with the same config that was never killed
+
+Both runs are synchronous (``rollout.max_staleness = 0``) with one thread per worker: the same
+seeded computation, the same tokens. The weights are not bit-equal: the engine's log-probs round
+differently with a different batch composition, about one float32 ulp (1.2e-7 at |w| ≈ 1); the
+check allows the issue's 1e-6. Exit status 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KINDS = ("tree", "engine", "trainer", "scorer")
+TOLERANCE = 1e-6
+# The default task, small: a kill lands every few seconds of progress.
+SMALL = ["--rollout.prompts_per_step", "4", "--rollout.group_size", "4", "--run.eval_limit", "8",
+         "--sampling.max_tokens", "64", "--metrics.sinks", '["jsonl"]', "--trainer.lr", "3e-4"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("chaos", help="SIGKILL a run at random moments, resume it, check nothing was lost")
+    p.add_argument("config", nargs="?", help="TOML config (default: the embedded arithmetic run, made small)")
+    p.add_argument("--kills", type=int, default=8, help="how many SIGKILLs (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule (what, and when)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"what to kill, among {','.join(KINDS)}")
+    p.add_argument("--steps", type=int, default=None, help="run.steps (default: 2 × kills + 6)")
+    p.add_argument("--worker-timeout", type=float, default=60.0,
+                   help="runtime.worker_timeout_s: how long a run may take to stop after a worker dies")
+    p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-chaos-<time>)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run, _allow_overrides=True)
+
+
+# ---- processes ---------------------------------------------------------------------------------------
+def _start(args: list[str], log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "a") as f:
+        f.write(f"\n==== tokenflow train {' '.join(args)}\n")
+    return subprocess.Popen([sys.executable, "-m", "tokenflow.cli.main", "train", *args], env=env,
+                            stdout=open(log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _children(pid: int) -> list[int]:
+    """Spawned children of ``pid`` (from /proc): the scorer workers among them."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in (d / "cmdline").read_bytes():
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _workers(proc: subprocess.Popen, run_dir: Path) -> dict[str, int] | None:
+    """This invocation's processes by role (None until it has written workers.json)."""
+    try:
+        w = json.loads((run_dir / "workers.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if w.get("orchestrator") != proc.pid:
+        return None  # still the previous invocation's file
+    # Scorer workers from /proc: pebble replaces one that a timeout killed, and workers.json
+    # only knows the first ones.
+    roles = {k: v for k, v in w.items() if not k.startswith("scorer")}
+    scorers = [p for p in _children(proc.pid) if p not in roles.values()]
+    return {**roles, **{f"scorer{i}": p for i, p in enumerate(scorers)}}
+
+
+def _steps_done(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in open(run_dir / "prompts.jsonl") if line.strip())
+    except OSError:
+        return 0
+
+
+def _wait(pred, timeout: float, proc: subprocess.Popen) -> bool:
+    """True once ``pred()``; False if the process exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+# ---- one kill ----------------------------------------------------------------------------------------
+def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log_path: Path, steps: int,
+              worker_timeout: float) -> dict:
+    proc = _start(args, log_path)
+    rec = {"kind": kind, "killed": False}
+    workers: dict = {}
+
+    def ready() -> bool:
+        nonlocal workers
+        workers = _workers(proc, run_dir) or {}
+        return bool(workers) and (kind != "scorer" or any(k.startswith("scorer") for k in workers))
+
+    if not _wait(ready, 600, proc):
+        return {**rec, **_ended_by_itself(proc, log_path)}
+    if rng.random() < 0.25:  # during start-up: models loading, the baseline evaluation
+        rec["moment"] = "start-up"
+        _wait(lambda: False, rng.uniform(0.0, 3.0), proc)
+    else:  # some way into a step: generating, scoring, training, syncing or checkpointing
+        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 1)
+        rec["moment"] = f"step {target}+"
+        _wait(lambda: _steps_done(run_dir) >= target, 900, proc)
+        _wait(lambda: False, rng.uniform(0.0, 1.5), proc)
+    if proc.poll() is not None:
+        return {**rec, **_ended_by_itself(proc, log_path)}
+    rec["step_at_kill"] = _steps_done(run_dir)
+    pids = dict(workers, **(_workers(proc, run_dir) or {}))
+    if kind == "tree":
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rec["killed"] = True
+    else:
+        target_pid = pids["scorer0"] if kind == "scorer" else pids[kind]
+        os.kill(target_pid, signal.SIGKILL)
+        rec["killed"] = True
+        t0 = time.monotonic()
+        try:
+            proc.wait(timeout=worker_timeout)
+            rec["exit_s"] = round(time.monotonic() - t0, 2)
+        except subprocess.TimeoutExpired:
+            rec["hang"] = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        tail = log_path.read_text(errors="replace")[-4000:]
+        rec["named"] = f"the {kind}" in tail and "died" in tail
+        rec["resume_advised"] = f"tokenflow train --resume {run_dir}" in tail
+        rec["exit_code"] = proc.returncode
+    # Workers notice an orphaned state within about a second; anything left after that lingers.
+    time.sleep(3.0)
+    left = [p for p in pids.values() if p != proc.pid and _alive(p)]
+    rec["stragglers"] = len(left)
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return rec
+
+
+def _ended_by_itself(proc: subprocess.Popen, log_path: Path) -> dict:
+    code = proc.wait()
+    out = {"ended_by_itself": code}
+    if code != 0:
+        out["error"] = log_path.read_text(errors="replace")[-2000:]
+    return out
+
+
+# ---- the bench ---------------------------------------------------------------------------------------
+def _config(args, overrides: list[str]):
+    from tokenflow.config.loading import load_config
+    from tokenflow.config.root import TrainConfig
+    from tokenflow.runtime.launch import default_config_path
+
+    steps = args.steps or 2 * args.kills + 6  # a kill lands every one or two steps of progress
+    base = [] if args.config else list(SMALL)
+    forced = ["--rollout.max_staleness", "0", "--metrics.progress", "false", "--run.steps", str(steps),
+              "--runtime.worker_timeout_s", str(args.worker_timeout)]
+    if not any(o.startswith("--run.checkpoint_every") for o in overrides):
+        forced += ["--run.checkpoint_every", "1"]
+    return load_config(TrainConfig, args.config or default_config_path(), [*base, *overrides, *forced])
+
+
+def run(args, overrides: list[str] | None = None) -> int:
+    from tokenflow.bench import chaos_checks as checks
+    from tokenflow.config.loading import ConfigError, to_toml
+
+    try:
+        cfg = _config(args, overrides or [])
+    except ConfigError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or any(k not in KINDS for k in kinds):
+        print(f"error: --kinds takes a comma-separated subset of {','.join(KINDS)}", file=sys.stderr)
+        return 2
+    out = Path(args.output_dir or f"runs/bench-chaos-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        print(f"error: {out} exists; choose another --output-dir", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(to_toml(cfg))
+    steps, t_start = cfg.run.steps, time.monotonic()
+    ref, chaos, chaos_log = out / "reference", out / "chaos", out / "chaos.log"
+
+    log.info("bench chaos: reference run (never killed) → %s", ref)
+    proc = _start([str(out / "config.toml"), "--output-dir", str(ref)], out / "reference.log")
+    if proc.wait() != 0:
+        print(f"error: the reference run failed; see {out / 'reference.log'}", file=sys.stderr)
+        return 1
+
+    rng = random.Random(args.seed)
+    schedule = [kinds[i % len(kinds)] for i in range(args.kills)]
+    rng.shuffle(schedule)
+    records, finished = [], False
+    for i, kind in enumerate(schedule):
+        first = not chaos.exists()
+        cmd = [str(out / "config.toml"), "--output-dir", str(chaos)] if first else ["--resume", str(chaos)]
+        rec = _one_kill(kind, rng, cmd, chaos, chaos_log, steps, args.worker_timeout)
+        records.append(rec)
+        log.info("bench chaos: kill %d/%d %s", i + 1, args.kills, rec)
+        if rec.get("ended_by_itself") == 0:
+            finished = True
+            break
+    if not finished:
+        log.info("bench chaos: final resume → %s", chaos)
+        final = _start(["--resume", str(chaos)], chaos_log)
+        finished = final.wait() == 0
+    result = _checks(checks, out, ref, chaos, records, steps, args, finished)
+    result["wall_s"] = round(time.monotonic() - t_start, 1)
+    (out / "chaos.json").write_text(json.dumps({**result, "kills_detail": records}, indent=2))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+    return 0 if result["ok"] else 1
+
+
+def _checks(checks, out: Path, ref: Path, chaos: Path, records: list[dict], steps: int, args, finished: bool) -> dict:
+    from tokenflow.runtime.run_dir import RunDir
+
+    killed = [r for r in records if r["killed"]]
+    singles = [r for r in killed if r["kind"] != "tree"]
+    result = {
+        "kills": len(killed), "kills_requested": args.kills, "seed": args.seed, "steps": steps,
+        "kills_by_kind": {k: sum(r["kind"] == k for r in killed) for k in KINDS},
+        "hangs": sum(bool(r.get("hang")) for r in singles),
+        "max_exit_s": max((r.get("exit_s", 0.0) for r in singles), default=0.0),
+        "worker_timeout_s": args.worker_timeout,
+        "unnamed_deaths": sum(not r.get("named") for r in singles),
+        "no_resume_advice": sum(not r.get("resume_advised") for r in singles),
+        "stragglers": sum(r.get("stragglers", 0) for r in killed),
+        "unexpected_exits": sum(1 for r in records if r.get("ended_by_itself") not in (None, 0)),
+        "completed": finished,
+    }
+    if finished:
+        result.update(checks.prompt_accounting(chaos))
+        result.update(checks.metric_rows(chaos, steps))
+        result.update(checks.checkpoints(chaos))
+        a, b = RunDir(ref).latest_checkpoint(), RunDir(chaos).latest_checkpoint()
+        result["weights_max_abs_diff"] = checks.weights_diff(a, b) if a and b else float("inf")
+        result["weights_match"] = result["weights_max_abs_diff"] <= TOLERANCE
+    result["shm_left"] = len(checks.shm_left(ref, chaos))
+    result["ok"] = bool(
+        finished and result["kills"] == args.kills and result["hangs"] == 0 and result["unnamed_deaths"] == 0
+        and result["no_resume_advice"] == 0 and result["stragglers"] == 0 and result["unexpected_exits"] == 0
+        and result["prompts_lost"] == 0 and result["prompts_repeated"] == 0
+        and result["ledger_steps_missing"] == 0 and result["ledger_steps_repeated"] == 0
+        and result["metric_rows_duplicated"] == 0 and result["metric_steps_missing"] == 0
+        and result["checkpoints_bad"] == 0 and result["staging_left"] == 0
+        and result["shm_left"] == 0 and result["weights_match"])
+    result["output_dir"] = str(out)
+    return result
+
+
+def _print_table(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench chaos: {r['kills']} kills (seed {r['seed']}), {r['steps']} steps, "
+                    f"{r['wall_s']:.0f} s", show_header=True)
+    t.add_column("check")
+    t.add_column("value", justify="right")
+    t.add_column("goal", justify="right")
+    by_kind = ", ".join(f"{k} {n}" for k, n in r["kills_by_kind"].items())
+    rows = [("kills", f"{r['kills']} ({by_kind})", str(r["kills_requested"])),
+            ("run stopped by itself after a worker died, slowest", f"{r['max_exit_s']:.1f} s",
+             f"< {r['worker_timeout_s']:g} s"),
+            ("hangs", r["hangs"], 0), ("deaths not named / no resume command",
+                                       f"{r['unnamed_deaths']} / {r['no_resume_advice']}", "0 / 0"),
+            ("worker processes left behind", r["stragglers"], 0),
+            ("completed after the last resume", r["completed"], True)]
+    if r["completed"]:
+        rows += [("prompts lost", r["prompts_lost"], 0), ("prompts repeated", r["prompts_repeated"], 0),
+                 ("metric rows duplicated", r["metric_rows_duplicated"], 0),
+                 ("steps missing (ledger / metrics)", f"{r['ledger_steps_missing']} / {r['metric_steps_missing']}", "0 / 0"),
+                 ("checkpoints that fail their manifest", f"{r['checkpoints_bad']} of {r['checkpoints']}", 0),
+                 ("final weights vs never-killed run, max |Δ|", f"{r['weights_max_abs_diff']:.3g}", f"≤ {TOLERANCE:g}")]
+    rows.append(("/dev/shm entries left", r["shm_left"], 0))
+    for name, value, goal in rows:
+        t.add_row(name, str(value), str(goal))
+    console = Console()
+    console.print(t)
+    console.print("all checks hold" if r["ok"] else "SOME CHECKS FAILED", style="bold")

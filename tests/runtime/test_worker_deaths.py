@@ -1,0 +1,78 @@
+"""A worker of any kind that dies ends the run within runtime.worker_timeout_s, naming it, with a
+resume command that works; /dev/shm holds nothing of the run afterwards; a finished run resumed
+says so and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.runtime.helpers import SMALL, ledger, start_cli, step_rows, wait_until, workers
+from tokenflow.cli.train import _reusable
+from tokenflow.runtime.run_resources import leftovers, run_tag
+
+TIMEOUT_S = 60  # runtime.worker_timeout_s for these runs: the bound on noticing a death and exiting
+
+
+@pytest.mark.parametrize("kind, named", [("engine", "the engine process"), ("trainer", "the trainer process"),
+                                         ("scorer0", "the scorer worker process")])
+def test_a_killed_worker_ends_the_run_in_time_with_a_resume_command_that_works(tmp_path, kind, named):
+    run = tmp_path / "run"
+    args = [*SMALL, "--output-dir", str(run), "--run.steps", "40", "--run.checkpoint_every", "1",
+            "--rollout.max_staleness", "1", "--runtime.worker_timeout_s", str(TIMEOUT_S)]
+    log = tmp_path / "first.log"
+    proc = start_cli(args, log)
+    try:
+        wait_until(lambda: (run / "checkpoints").is_dir() and any(
+            p.name.startswith("step_") for p in (run / "checkpoints").iterdir()), 300, "a checkpoint", proc)
+        t0 = time.monotonic()
+        os.kill(workers(run)[kind], signal.SIGKILL)
+        code = proc.wait(timeout=TIMEOUT_S)  # a hang (the queue-feeder join) fails here
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = log.read_text()
+    assert code == 1, out[-3000:]
+    assert named in out and "died" in out, out[-3000:]
+    assert "Traceback" not in out.split("error:")[-1], out[-3000:]
+    advice = next(line for line in out.splitlines() if line.startswith("The last checkpoint"))
+    assert "leaked shared_memory" not in out  # the dead trainer's weight slots were released, not leaked
+    assert advice.startswith("The last checkpoint (step_") and advice.endswith(f"tokenflow train --resume {run}")
+    assert took < TIMEOUT_S
+    # The advice works (shortened to one more step so the test stays small).
+    done = len(ledger(run))
+    proc = start_cli(["--resume", str(run), "--run.steps", str(done + 1)], tmp_path / "second.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    assert [r["step"] for r in step_rows(run)] == list(range(1, done + 2))
+    assert leftovers(run_tag(run)) == []
+
+
+def test_a_crash_before_the_first_checkpoint_advises_a_resume_that_works(tmp_path):
+    run = tmp_path / "run"
+    args = [*SMALL, "--output-dir", str(run), "--run.steps", "40", "--run.checkpoint_every", "0"]
+    log = tmp_path / "first.log"
+    proc = start_cli(args, log)
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and len(step_rows(run)) >= 1, 300, "a step", proc)
+        os.kill(workers(run)["engine"], signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    advice = next(line for line in log.read_text().splitlines() if line.startswith("No checkpoint"))
+    assert advice.startswith("No checkpoint was written yet") and f"tokenflow train --resume {run}" in advice
+    assert _reusable(run)  # a new run under the same --output-dir is not blocked by it either
+    proc = start_cli(["--resume", str(run), "--run.steps", "1"], tmp_path / "again.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    assert [r["step"] for r in step_rows(run)] == [1]
+    # ... and resuming a finished run says so and changes nothing.
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"}
+    proc = start_cli(["--resume", str(run)], tmp_path / "finished.log")
+    assert proc.wait(timeout=120) == 0
+    assert "already finished (1 steps); nothing to do" in (tmp_path / "finished.log").read_text()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
