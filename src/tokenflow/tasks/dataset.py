@@ -59,6 +59,9 @@ class DatasetTask:
         self.prompt_field = prompt_field
         self.seed = seed
         rows = read_rows(train_path, prompt_field)
+        # What `tokenflow eval` names as scored: the eval file, or the share held out of train_path.
+        self.eval_source = (Path(eval_path).name if eval_path
+                            else f"{Path(train_path).name} (the {eval_fraction:.0%} held out)")
         if eval_path:
             self._train, self._eval = rows, read_rows(eval_path, prompt_field)
         else:
