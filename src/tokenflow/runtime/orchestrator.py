@@ -27,6 +27,7 @@ from tokenflow.metrics import trace
 from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
 from tokenflow.runtime.calibration_log import CalibrationLog
+from tokenflow.runtime.learning_signal import SignalWatch
 from tokenflow.runtime.progress import Progress
 from tokenflow.runtime.restarts import attach_reformed, resend_after_restart
 from tokenflow.runtime.seeds import request_seed
@@ -70,6 +71,7 @@ class Orchestrator:
         self.engine_totals = EngineTotals()
         self.idle = IdleClock()
         self.live = LiveFigures()
+        self.signal = SignalWatch(cfg)
         self.progress: Progress | None = None
         self.calibration = CalibrationLog()
         self.sync_timings: list[dict] = []
@@ -262,6 +264,7 @@ class Orchestrator:
         if self.blocking and not (msg.step % self.cfg.sync.every == 0 or msg.step == self.cfg.run.steps):
             self.backend.broadcast(M.SetPaused(False))
         self.logger.log(self.step, metrics)
+        self.signal.observe(self.step, metrics)
         self.ledger.write(f'{{"step": {self.step}, "prompt_ids": {prompt_ids}}}\n')
         self.ledger.flush()
         self.last_progress = {"reward": metrics.get("reward/mean"),
