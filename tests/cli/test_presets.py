@@ -86,6 +86,8 @@ def test_help_config_dry_run_and_the_run_agree(tmp_path):
     r = tokenflow("train", str(cfg_path), "--json", "--output-dir", str(tmp_path / "run"), *overrides)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["steps"] == 2  # --json: stdout is exactly one JSON document
+    # Not a terminal: plain periodic progress lines on stderr, with no terminal escapes.
+    assert "train: step 2/2" in r.stderr and "tok/s" in r.stderr and "\x1b[" not in r.stderr
     ran = flatten(tomllib.loads((tmp_path / "run" / "config.toml").read_text()))
     assert dry == ran
     assert {k: v for k, v in helped.items() if v is not None} == dry

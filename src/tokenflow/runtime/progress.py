@@ -75,7 +75,8 @@ class Progress:
             def get_renderables(self):
                 yield self.make_tasks_table(self.tasks)
                 line = view.status_text or format_figures(view.info)
-                yield Text(line, no_wrap=True, overflow="ellipsis", style="dim" if view.status_text else "")
+                if line:  # eval and report bars have no figures: one line
+                    yield Text(line, no_wrap=True, overflow="ellipsis", style="dim" if view.status_text else "")
 
         console = Console(stderr=True)
         self._bar = TwoLines(

@@ -31,15 +31,17 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     mode = summary.get("mode", "async")
     how = "synchronous" if mode == "sync" else f"async, staleness ≤ {summary.get('max_staleness')}"
     train_wall = summary.get("train_wall_s") or 0.0
+    wall = summary.get("wall_s") or 0.0
     tokens = summary.get("tokens_generated") or 0
-    rate = f", {tokens / train_wall:,.0f} tok/s over the training window" if train_wall > 0 else ""
+    # tokens_generated counts the evaluations' tokens too, so the rate is over the whole wall time.
+    rate = f", {tokens / wall:,.0f} tok/s over the wall time" if wall > 0 else ""
     rows = [
         ("held-out accuracy", acc),
         ("steps", f"{summary.get('steps')} ({how}, {summary.get('update_mode')} weight updates)"),
         ("wall time", f"{summary.get('wall_s', 0):.1f} s  (training window {train_wall:.1f} s)"),
         ("idle", f"trainer {_pct(summary.get('trainer_idle_frac'))}, engine {_pct(summary.get('engine_idle_frac'))}"),
         ("token age", _age(summary.get("token_age_histogram"))),
-        ("throughput", f"{tokens:,.0f} tokens{rate}"),
+        ("throughput", f"{tokens:,.0f} tokens generated{rate}"),
     ]
     if summary.get("last_reward_mean") is not None:
         rows.append(("last reward", f"{summary['last_reward_mean']:.3f} (mean of the last batch)"))
