@@ -1,13 +1,14 @@
 """Live progress of a run: a two-line rich view on a terminal, periodic plain log lines otherwise.
 
-    train ━━━━━━━━━━━━━━━━━━━━━━   12/60 0:00:41 eta 0:02:44  acc 0.391 @ step 0
+    train ━━━━━━━━━━━━━━━━━━━━ 12/60 0:00:41 eta 0:02:44 acc 0.391 @ step 0
     reward 0.617  11.5k tok/s  age 1.62 (max 2)  idle: trainer 14%, engine 42%
 
 Every figure is the current one: accuracy is the latest evaluation and names its step (nothing
-before the first); throughput is the engines' rate over a sliding window (``ThroughputWindow``),
-so it does not drop to 0 between their once-a-second reports; idle fractions are over the same
-window (``tokenflow.runtime.step_metrics.LiveFigures``); age is that of the last batch. The view fits 80 columns. While it is up, log records (the workers' too, see
-``LogForwarder``) print above it through rich's console handler instead of tearing it.
+before the first); throughput and idle fractions are over a sliding window of the engines'
+cumulative counters (``tokenflow.runtime.step_metrics.LiveFigures``), so the rate does not drop
+to 0 between their once-a-second reports; age is that of the last batch. The view fits 80
+columns. While it is up, log records (the workers' too, see ``LogForwarder``) print above it
+through rich's console handler instead of tearing it.
 """
 
 from __future__ import annotations
