@@ -87,4 +87,5 @@ class SignalWatch:
                 "group become near copies and stop carrying signal. Knobs: a lower trainer.lr (now "
                 f"{self.cfg.trainer.lr:g}), a higher algorithm.clip_high (clip-higher, now "
                 f"{self.cfg.algorithm.clip_high:g}), algorithm.entropy_coef (now {self.cfg.algorithm.entropy_coef:g}), "
-                f"sampling.temperature (now {self.cfg.sampling.temperature:g}). See docs/howto/doesnt-learn.md.")
+                f"sampling.temperature (now {self.cfg.sampling.temperature:g}). If held-out accuracy is already "
+                "high, the task may simply be solved. See docs/howto/doesnt-learn.md.")
