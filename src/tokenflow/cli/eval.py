@@ -11,7 +11,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval", help="held-out greedy accuracy of a model, checkpoint or run folder",
         description="Evaluate greedy accuracy on the task's held-out split. CHECKPOINT is a model "
-                    "folder, a checkpoint folder (checkpoints/step_N) or a run folder (its latest "
+                    "folder, a checkpoint folder (checkpoints/step_000010) or a run folder (its latest "
                     "checkpoint and its task). Overrides such as --task.name apply to the task.")
     p.add_argument("checkpoint", help='model / checkpoint / run folder, or "default"')
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
@@ -92,8 +92,9 @@ def run(args, overrides: list[str] | None = None) -> int:
     n = len(task.eval_prompts()[:limit])
     acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
                       engine.tokenizer, task, limit)
+    scored = getattr(task, "eval_source", f"{task.name} held-out split")
     if args.json:
-        print(json.dumps({"model": model, "task": task.name, "prompts": n, "accuracy": acc}))
+        print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n, "accuracy": acc}))
     else:
-        print(f"{task.name}: held-out greedy accuracy {acc:.4f} on {n} prompts ({model})")
+        print(f"{scored}: greedy accuracy {acc:.4f} on {n} prompts ({model})")
     return 0

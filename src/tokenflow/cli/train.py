@@ -9,13 +9,19 @@ import sys
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model with asynchronous RL",
-        description="Train with asynchronous RL. With no CONFIG, trains the shipped tiny model on "
-                    "the arithmetic task on the CPU. Any key can be overridden as --section.key VALUE.")
-    p.add_argument("config", nargs="?", help="TOML config file (default: the embedded arithmetic run)")
+        description="Train with asynchronous RL. With no CONFIG, runs the preset \"tiny-cpu\": the "
+                    "shipped tiny model on the arithmetic task on the CPU. A CONFIG starts from the "
+                    "library's defaults unless it names a preset (preset = \"tiny-cpu\" at its top, or "
+                    "--preset). Any key can be overridden as --section.key VALUE.")
+    p.add_argument("config", nargs="?", help="TOML config file (default: the preset tiny-cpu)")
+    p.add_argument("--preset", help="start from this preset (wins over the file's own `preset = ...`)")
     p.add_argument("--output-dir", help="run folder (default runs/<run.name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its documentation")
+    p.add_argument("--help-config", action="store_true",
+                   help="list every config key with the value it resolves to (for this CONFIG, preset and "
+                        "overrides), the library default where different, and its documentation")
+    p.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
     p.set_defaults(func=run, _allow_overrides=True)
 
 
@@ -23,8 +29,8 @@ def _load(args, overrides):
     from pathlib import Path
 
     from tokenflow.config.loading import load_config
+    from tokenflow.config.presets import DEFAULT_PRESET
     from tokenflow.config.root import TrainConfig
-    from tokenflow.runtime.launch import default_config_path
 
     if args.resume:
         path = Path(args.resume) / "config.toml"
@@ -32,9 +38,21 @@ def _load(args, overrides):
             from tokenflow.config.loading import ConfigError
 
             raise ConfigError(f"{args.resume} is not a run folder (no config.toml); give --resume the folder of a run")
-    else:
-        path = args.config or default_config_path()
-    return load_config(TrainConfig, path, overrides)
+        return load_config(TrainConfig, path, overrides)  # fully resolved already: no preset
+    preset = args.preset or (None if args.config else DEFAULT_PRESET)
+    return load_config(TrainConfig, args.config, overrides, preset=preset)
+
+
+def help_config(cfg) -> str:
+    """Every key: ``key = resolved value`` (and the library default where it differs), then its doc."""
+    from tokenflow.config.loading import describe_fields
+
+    lines = []
+    for key, value, default, doc in describe_fields(type(cfg), resolved=cfg):
+        note = "" if value == default else f"    # library default: {default}"
+        body = "\n".join(f"    {line.strip()}" for line in doc.splitlines())
+        lines.append(f"{key} = {value}{note}\n{body}" if body else f"{key} = {value}{note}")
+    return "\n".join(lines) + "\n"
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
@@ -72,21 +90,18 @@ def _reusable(run_dir) -> bool:
 
 
 def run(args, overrides: list[str] | None = None) -> int:
-    from tokenflow.config.loading import describe_fields, to_toml
+    from tokenflow.config.loading import to_toml
 
     overrides = overrides or []
-    if args.help_config:
-        from tokenflow.config.root import TrainConfig
-
-        for key, default, doc in describe_fields(TrainConfig):
-            print(f"{key} = {default}\n    {doc}")
-        return 0
     input_errors = _input_errors()
     try:
         cfg = _load(args, overrides)
     except input_errors as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    if args.help_config:
+        sys.stdout.write(help_config(cfg))
+        return 0
     if args.dry_run:
         sys.stdout.write(to_toml(cfg))
         return 0
@@ -119,5 +134,10 @@ def run(args, overrides: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; continue with: tokenflow train --resume {run_dir}", file=sys.stderr)
         return 130
-    print(json.dumps(summary, indent=2))
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        from tokenflow.runtime.summary_view import print_summary
+
+        print_summary(summary)
     return 0

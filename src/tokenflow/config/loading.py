@@ -99,7 +99,12 @@ def validate(model: type[M], data: dict) -> M:
         raise ConfigError("invalid config: " + "; ".join(lines)) from None
 
 
-def load_config(model: type[M], path: str | Path | None = None, overrides: list[str] | dict | None = None) -> M:
+def load_config(model: type[M], path: str | Path | None = None, overrides: list[str] | dict | None = None,
+                *, preset: str | None = None) -> M:
+    """The file at ``path`` on top of its preset (its top-level ``preset = "name"``, or ``preset``
+    here, which wins), then the overrides. No preset: the file on top of the field defaults."""
+    from tokenflow.config.presets import apply_preset
+
     data: dict = {}
     if path is not None:
         p = Path(path)
@@ -113,6 +118,8 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
             raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
         except OSError as e:
             raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror}); check the path") from None
+    named = data.pop("preset", None)
+    data = apply_preset(data, preset or named)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
@@ -127,15 +134,33 @@ def to_toml(cfg: BaseModel) -> str:
     return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))
 
 
-def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, doc) for every field, for ``--help-config``."""
+def describe_fields(model: type[BaseModel], prefix: str = "",
+                    resolved: BaseModel | None = None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, resolved value, library default, doc) for every field, for ``--help-config``.
+
+    ``resolved`` is a loaded config; without one the resolved value is the default. Values are
+    shown as TOML would write them (``"cpu"``, ``3e-4``, ``true``)."""
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows += describe_fields(ann, key + ".")
+            rows += describe_fields(ann, key + ".", getattr(resolved, name) if resolved is not None else None)
             continue
         default = field.get_default(call_default_factory=True)
-        rows.append((key, repr(default), (field.description or "").strip()))
+        value = getattr(resolved, name) if resolved is not None else default
+        rows.append((key, toml_value(value), toml_value(default), (field.description or "").strip()))
     return rows
+
+
+def toml_value(value: Any) -> str:
+    """One value as TOML writes it; None (which TOML cannot hold) as ``none`` (the key is unset)."""
+    import tomli_w
+    from pydantic import TypeAdapter
+
+    if value is None:
+        return "none"
+    plain = TypeAdapter(type(value)).dump_python(value, mode="json")
+    if isinstance(plain, list):  # inline, on one line (tomli_w writes one element a line)
+        return "[" + ", ".join(toml_value(v) for v in plain) + "]"
+    return tomli_w.dumps({"v": plain}).split("=", 1)[1].strip()

@@ -171,3 +171,7 @@ class MetricsConfig(ConfigModel):
     """Write a timeline trace (Chrome trace-event JSON, opens in Perfetto) to the run folder."""
     progress: bool = True
     """Show the live progress view in the terminal."""
+    no_signal_warn_steps: int = Field(default=5, ge=0)
+    """Warn when the run cannot learn: after this many consecutive steps in which every group's
+    rewards were equal, or the policy's entropy collapsed (and at once when every sample of a step
+    failed scoring). 0 turns the warnings off."""

@@ -77,7 +77,7 @@ def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, m
                 report["recomputed"] = len(scheduler.running)
             report["applied"] = True
     report["seconds"] = time.perf_counter() - start
-    logger.info("engine: weight update to version %d (%s): %s", version, mode,
+    logger.debug("engine: weight update to version %d (%s): %s", version, mode,
                 "applied" if report["applied"] else "pending until the running batch drains")
     return report
 
@@ -100,4 +100,4 @@ def apply_pending(engine: Engine) -> None:
     engine._pending_update = None
     swap(engine, named, version)
     engine.scheduler.admitting = True
-    logger.info("engine: drained, now at version %d", version)
+    logger.debug("engine: drained, now at version %d", version)

@@ -26,8 +26,11 @@ def default_model_path() -> Path:
 
 
 def default_config_path() -> Path:
-    """The embedded default run: the shipped model on the arithmetic task, async, on the CPU."""
-    return Path(str(resources.files("tokenflow") / "configs" / "arithmetic.toml"))
+    """The embedded default run (preset "tiny-cpu"): the shipped model on the arithmetic task,
+    async, on the CPU."""
+    from tokenflow.config.presets import DEFAULT_PRESET, preset_path
+
+    return preset_path(DEFAULT_PRESET)
 
 
 def resolve_model_path(path: str) -> str:

@@ -13,7 +13,7 @@ import queue
 from tokenflow.runtime.engine_worker import run_engine_worker
 from tokenflow.runtime.messages import Shutdown
 from tokenflow.runtime.trainer_worker import run_trainer_worker
-from tokenflow.runtime.workers import WorkerHandle
+from tokenflow.runtime.workers import LogForwarder, WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,14 @@ class LocalBackend:
         self.restarts_engines = False  # a dead process stops the run
         num_engines = num_engines or cfg.runtime.num_engines
         self.inbox = ctx.Queue()
+        self.logs = LogForwarder(ctx)
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
         engine_qs = [ctx.Queue() for _ in range(num_engines)]
         self.engines = []
         for i, q in enumerate(engine_qs):
             name = "engine" if num_engines == 1 else f"engine{i}"
             h = WorkerHandle(name, run_engine_worker, (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir),
-                             ctx, cmd_q=q)
+                             ctx, cmd_q=q, logs=self.logs)
             h.load = 0  # samples in flight on this engine, for routing
             self.engines.append(h)
         trainer_q = ctx.Queue()
@@ -48,7 +49,7 @@ class LocalBackend:
             self.trainer_ranks.append(WorkerHandle(
                 name, run_trainer_worker, (trainer_model_path, cfg, self.inbox, trainer_q if rank == 0 else None,
                                            engine_qs if rank == 0 else [], resume_dir, name, trace_dir, rank, rdv),
-                ctx, cmd_q=trainer_q if rank == 0 else None))
+                ctx, cmd_q=trainer_q if rank == 0 else None, logs=self.logs))
         self.trainer = self.trainer_ranks[0]
 
     @property
@@ -81,6 +82,7 @@ class LocalBackend:
                 w.send(Shutdown())
         for w in [*self.engines, *self.trainer_ranks]:
             w.stop(timeout=20)
+        self.logs.stop()
         # Every worker is gone now. A queue's feeder thread may still be blocked writing into
         # the pipe of one that died (a batch for a killed trainer); the interpreter would join
         # it at exit and hang for ever. What it holds has no reader left: drop it.

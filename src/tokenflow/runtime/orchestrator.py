@@ -27,11 +27,14 @@ from tokenflow.metrics import trace
 from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
 from tokenflow.runtime.calibration_log import CalibrationLog
+from tokenflow.runtime.learning_signal import SignalWatch
 from tokenflow.runtime.progress import Progress
 from tokenflow.runtime.restarts import attach_reformed, resend_after_restart
 from tokenflow.runtime.seeds import request_seed
 from tokenflow.runtime.run_dir import RunDir
-from tokenflow.runtime.step_metrics import EngineTotals, IdleClock, batch_metrics, engine_metrics, sync_metrics
+from tokenflow.runtime.step_metrics import (
+    EngineTotals, IdleClock, LiveFigures, batch_metrics, engine_metrics, sync_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,9 @@ class Orchestrator:
         self.engine_versions = {h.name: 0 for h in backend.engines}
         self.engine_totals = EngineTotals()
         self.idle = IdleClock()
+        self.live = LiveFigures()
+        self.signal = SignalWatch(cfg)
+        self.progress: Progress | None = None
         self.calibration = CalibrationLog()
         self.sync_timings: list[dict] = []
         self.eval_results: dict[int, list] = {}
@@ -177,6 +183,7 @@ class Orchestrator:
         elif isinstance(msg, M.EngineStatus):
             self.engine_totals.update(worker, msg)
             self.calibration.engine_status(msg)
+            self._show_live()
         elif isinstance(msg, M.Saved):
             self._on_saved(msg)
         elif isinstance(msg, M.TrainerReady):
@@ -199,6 +206,11 @@ class Orchestrator:
             raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
         else:
             raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
+
+    def _show_live(self) -> None:
+        figures = self.live.sample(time.monotonic(), self.idle.trainer_busy_s, self.engine_totals)
+        if self.progress is not None:
+            self.progress.set(**figures)
 
     def _check_timeouts(self) -> None:
         limit = self.cfg.runtime.worker_timeout_s
@@ -273,12 +285,13 @@ class Orchestrator:
         if self.blocking and not (msg.step % self.cfg.sync.every == 0 or msg.step == self.cfg.run.steps):
             self.backend.broadcast(M.SetPaused(False))
         self.logger.log(self.step, metrics)
+        self.signal.observe(self.step, metrics)
         self.ledger.write(f'{{"step": {self.step}, "prompt_ids": {prompt_ids}}}\n')
         self.ledger.flush()
-        self.last_progress = {"reward": metrics.get("reward/mean", 0.0), "accuracy": self.last_eval,
-                              "tokens_per_s": metrics.get("perf/engine_tokens_per_s", 0.0),
+        self.last_progress = {"reward": metrics.get("reward/mean"),
                               "age_mean": metrics.get("offpolicy/token_age_mean", 0.0),
                               "age_max": metrics.get("offpolicy/token_age_max", 0.0)}
+        self._show_live()
         self.progress.update(self.step, self.last_progress)
         every = self.cfg.run.checkpoint_every
         if every and self.step % every == 0 and self.step < self.cfg.run.steps:
@@ -337,6 +350,7 @@ class Orchestrator:
         self.eval_scored = {}
         acc = sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
         self.last_eval = acc
+        self.progress.set(accuracy=(acc, self.step))
         return acc
 
     # ---- the run ---------------------------------------------------------------------------
@@ -356,6 +370,7 @@ class Orchestrator:
                 self.baseline_accuracy = self.evaluate()
                 self.logger.log(self.step, {"eval/accuracy": self.baseline_accuracy})
                 log.info("baseline held-out accuracy %.3f", self.baseline_accuracy)
+            self.progress.status(None)
             self.t_train0 = time.monotonic()
             self.last_step_wall = self.wall_offset
             self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
@@ -375,16 +390,20 @@ class Orchestrator:
                 if cfg.run.eval_every and self.step and self.step % cfg.run.eval_every == 0 \
                         and self.step < cfg.run.steps and self._evaluated_at != self.step:
                     self._evaluated_at = self.step
+                    self.progress.status(f"evaluating at step {self.step}")
                     self.logger.log(self.step, {"eval/accuracy": self.evaluate()})
+                    self.progress.status(None)
             train_wall = self.wall_s()
             self.wait_for(lambda: min(self.engine_versions.values()) >= self.step, "the final weights")
             self.backend.broadcast(M.AbortKind("train"))
             self.group_engine.clear()
             self.progress.status("evaluating the trained model")
             final = self.evaluate()
+            self.progress.status("writing the final checkpoint")
             self.logger.log(self.step, {"eval/accuracy": final})
             self.checkpoint()
             self.wait_for(lambda: self._pending_checkpoint is None, "the final checkpoint")
+            self.progress.status(None)
             summary = self._summary(final, train_wall, time.monotonic() - t_start)
             self.calibration.write(self.run_dir.calibration, cfg, summary)
             return summary

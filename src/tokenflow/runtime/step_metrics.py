@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,3 +89,47 @@ def sync_metrics(timings: list[dict]) -> dict[str, float]:
         if key == "sync/engine_pause_s":
             out["sync/engine_pause_max_s"] = max(vals)
     return out
+
+
+class SlidingWindow:
+    """Cumulative counters sampled over time; differences over the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def add(self, t: float, counters: dict[str, float]) -> None:
+        self.samples.append((t, counters))
+        while len(self.samples) > 2 and self.samples[1][0] <= t - self.window_s:
+            self.samples.popleft()
+
+    def delta(self, key: str) -> float:
+        return self.samples[-1][1][key] - self.samples[0][1][key]
+
+    def span(self) -> float:
+        return self.samples[-1][0] - self.samples[0][0] if self.samples else 0.0
+
+
+class LiveFigures:
+    """The live view's current throughput and idle fractions, over a sliding window.
+
+    Engines report cumulative counters about once a second; a rate taken between two optimizer
+    steps reads 0 whenever no report landed in between (sub-second steps). Over a window of
+    several reports it reads what the engines did recently. Sampled on every engine report and
+    every optimizer step."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window = SlidingWindow(window_s)
+
+    def sample(self, t: float, trainer_busy_s: float, engines: EngineTotals) -> dict[str, float]:
+        self.window.add(t, {"tokens": engines.total("tokens"), "engine_busy": engines.total("busy_s"),
+                            "engine_wall": engines.total("wall_s"), "trainer_busy": trainer_busy_s})
+        span = self.window.span()
+        if span <= 0:
+            return {}
+        out = {"tokens_per_s": self.window.delta("tokens") / span,
+               "trainer_idle": min(1.0, max(0.0, 1.0 - self.window.delta("trainer_busy") / span))}
+        engine_wall = self.window.delta("engine_wall")
+        if engine_wall > 0:
+            out["engine_idle"] = max(0.0, 1.0 - self.window.delta("engine_busy") / engine_wall)
+        return out

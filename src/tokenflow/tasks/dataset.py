@@ -118,6 +118,9 @@ class DatasetTask:
         numbers, rows = read_numbered_rows(train_path, prompt_field)
         # (where, prompt) of every row, for checks that name a row (tokenflow.runtime.preflight)
         self.rows = [(_where(train_path, n), r[prompt_field]) for n, r in zip(numbers, rows)]
+        # What `tokenflow eval` names as scored: the eval file, or the share held out of train_path.
+        self.eval_source = (Path(eval_path).name if eval_path
+                            else f"{Path(train_path).name} (the {eval_fraction:.0%} held out)")
         if eval_path:
             eval_numbers, eval_rows = read_numbered_rows(eval_path, prompt_field)
             self.rows += [(_where(eval_path, n), r[prompt_field]) for n, r in zip(eval_numbers, eval_rows)]

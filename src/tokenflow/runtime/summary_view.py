@@ -1,0 +1,75 @@
+"""The end-of-run summary as a person reads it: a small table, the run folder, the next commands.
+
+``summary.json`` (and ``tokenflow train --json``) keep the machine-readable form; this view only
+formats that same dict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def _age(histogram: dict) -> str:
+    counts = {int(a): int(c) for a, c in (histogram or {}).items()}
+    total = sum(counts.values())
+    if not total:
+        return "–"
+    mean = sum(a * c for a, c in counts.items()) / total
+    return f"mean {mean:.2f}, max {max(counts)} versions behind"
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of the table; also used by tests."""
+    base, final = summary.get("baseline_accuracy"), summary.get("final_accuracy")
+    acc = f"{base:.3f} → {final:.3f}" if base is not None and final is not None else "–"
+    if base is not None and final is not None:
+        acc += f"  ({final - base:+.3f})"
+    mode = summary.get("mode", "async")
+    how = "synchronous" if mode == "sync" else f"async, staleness ≤ {summary.get('max_staleness')}"
+    train_wall = summary.get("train_wall_s") or 0.0
+    wall = summary.get("wall_s") or 0.0
+    tokens = summary.get("tokens_generated") or 0
+    # tokens_generated counts the evaluations' tokens too, so the rate is over the whole wall time.
+    rate = f", {tokens / wall:,.0f} tok/s over the wall time" if wall > 0 else ""
+    rows = [
+        ("held-out accuracy", acc),
+        ("steps", f"{summary.get('steps')} ({how}, {summary.get('update_mode')} weight updates)"),
+        ("wall time", f"{summary.get('wall_s', 0):.1f} s  (training window {train_wall:.1f} s)"),
+        ("idle", f"trainer {_pct(summary.get('trainer_idle_frac'))}, engine {_pct(summary.get('engine_idle_frac'))}"),
+        ("token age", _age(summary.get("token_age_histogram"))),
+        ("throughput", f"{tokens:,.0f} tokens generated{rate}"),
+    ]
+    if summary.get("last_reward_mean") is not None:
+        rows.append(("last reward", f"{summary['last_reward_mean']:.3f} (mean of the last batch)"))
+    return rows
+
+
+def next_commands(run_dir: str) -> list[str]:
+    cmds = [f"tokenflow report {run_dir}"]
+    if (Path(run_dir) / "tensorboard").is_dir():
+        cmds.append(f"tensorboard --logdir {run_dir}/tensorboard")
+    cmds.append(f"tokenflow eval {run_dir}")
+    return cmds
+
+
+def print_summary(summary: dict, console=None) -> None:
+    """Print the table to ``console`` (default: a rich console on stdout)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    run_dir = summary.get("run_dir", "")
+    table = Table(title=f"tokenflow run {run_dir}", box=box.SIMPLE, show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for label, value in summary_rows(summary):
+        table.add_row(label, value)
+    table.add_row("run folder", f"{run_dir}  (summary.json, metrics.jsonl, checkpoints/)")
+    for i, cmd in enumerate(next_commands(run_dir)):
+        table.add_row("look further" if i == 0 else "", f"[cyan]{cmd}[/]")
+    console.print(table)

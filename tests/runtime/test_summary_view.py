@@ -1,0 +1,38 @@
+"""The end-of-run table: what it says, and that it fits an 80-column terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tokenflow.runtime.summary_view import print_summary, summary_rows
+
+SUMMARY = {"baseline_accuracy": 0.390625, "final_accuracy": 0.98046875, "steps": 6, "wall_s": 10.0,
+           "train_wall_s": 4.0, "mode": "async", "max_staleness": 2, "update_mode": "inflight",
+           "trainer_idle_frac": 0.1356, "engine_idle_frac": 0.4208, "tokens_generated": 30000.0,
+           "in_flight_prompt_ids": [], "last_reward_mean": 0.7578125,
+           "token_age_histogram": {"0": 1, "1": 1, "2": 2}, "run_dir": "runs/a-rather-long-run-name-for-wrapping"}
+
+
+def test_rows_say_what_changed_and_how_it_ran():
+    rows = dict(summary_rows(SUMMARY))
+    assert rows["held-out accuracy"] == "0.391 → 0.980  (+0.590)"
+    assert rows["idle"] == "trainer 14%, engine 42%"
+    assert rows["token age"] == "mean 1.25, max 2 versions behind"  # (0 + 1 + 2·2) / 4
+    assert rows["throughput"] == "30,000 tokens generated, 3,000 tok/s over the wall time"
+    assert rows["steps"].startswith("6 (async, staleness ≤ 2")
+
+
+def test_table_fits_80_columns_and_names_the_next_commands(tmp_path):
+    (tmp_path / "tensorboard").mkdir()
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    print_summary({**SUMMARY, "run_dir": str(tmp_path)}, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "tokenflow report" in text and "look further" in text
+    assert "tensorboard --logdir" in text and "tokenflow eval" in text
+
+
+def test_no_tensorboard_folder_no_tensorboard_command(tmp_path):
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    print_summary({**SUMMARY, "run_dir": str(tmp_path)}, console)
+    assert "tensorboard --logdir" not in console.export_text()
