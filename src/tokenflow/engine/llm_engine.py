@@ -99,7 +99,7 @@ class Engine:
         if state_dict is None:
             self.model.init_random(config.seed)
         else:
-            state_dict = as_dict(state_dict)
+            state_dict = self.model.canonical_weights(as_dict(state_dict))
             check_weights(state_dict, self._expected, self._optional)
             self.model.load_weights(state_dict.items())
         eos = set(as_id_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
@@ -111,7 +111,7 @@ class Engine:
                                      tokenizer is not None, self.eos_token_ids, config.seed)
         self.stats = EngineStats()
         self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len,
-                                  self.device, self.dtype, config.kv_growth)
+                                  self.device, self.dtype, config.kv_growth, config.record_routing)
         detok = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, detok)
@@ -221,11 +221,18 @@ class Engine:
                 if batch.kind == "prefill":
                     logits = self.runner.prefill([g.prefill_ids for g in batch.groups],
                                                  [[s.slot for s in g.seqs] for g in batch.groups])
+                    if self.runner.recorder is not None:
+                        for g, rows in zip(batch.groups, self.runner.last_routing):
+                            for s in g.seqs:  # the n samples share the prompt's routing
+                                s.routing.append(rows[:g.num_prefill_tokens])
                     if len(batch.seqs) != len(batch.groups):  # n > 1: one prefill, n samples
                         rows = [i for i, g in enumerate(batch.groups) for _ in g.seqs]
                         logits = logits[torch.tensor(rows, device=logits.device)]
                 else:
                     logits = self.runner.decode(batch.seqs)
+                    if self.runner.recorder is not None:
+                        for s, rows in zip(batch.seqs, self.runner.last_routing):
+                            s.routing.append(rows)
                 if self.logits_hook is not None:
                     self.logits_hook(batch.kind, batch.seqs, logits)
                 sampled = self.sampler(logits, SamplingBatch.from_seqs(batch.seqs, self.device))
