@@ -31,9 +31,9 @@ def moe_config(family: str):
     raise KeyError(family)
 
 
-def moe_hf_model(family: str, seed: int = 0):
+def moe_hf_model(family: str, seed: int = 0, **kwargs):
     """transformers' model with every weight re-drawn, routers included (transformers zero-inits
     some routers, which would make every top-k a tie)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(family)).eval()
+    model = AutoModelForCausalLM.from_config(moe_config(family), **kwargs).eval()
     return randomize(model, seed)

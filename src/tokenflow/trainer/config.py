@@ -110,6 +110,13 @@ class TrainerConfig(ConfigModel):
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     """Module names that get adapters (peft's ``target_modules``)."""
 
+    keep_routing: bool = False
+    """Mixture-of-experts policies: route every token to the experts the engine recorded for
+    it (`Rollout.routed_experts`), weighting them by the trainer's own live gate scores, so the
+    trainer scores the network that sampled and the router still learns ("Keep Routing",
+    rollout routing replay). Off, the trainer routes by itself; the router disagreement is
+    logged either way (``routing/disagreement``)."""
+
     world_size: int = Field(default=1, ge=1)
     """Trainer ranks. Above 1 the policy is sharded with PyTorch FSDP2 (``fully_shard``) over
     that many processes (local backend) or Ray actors; gloo on CPU, NCCL on GPU. Every rank
