@@ -150,3 +150,30 @@ def test_refusals_name_the_problem():
     with pytest.raises(ValueError, match="one row per input token"):
         Rollout(prompt_ids=[5, 6, 7], completion_ids=[8, 9], logprobs=np.zeros(2), versions=np.zeros(2),
                 routed_experts=np.zeros((5, 2, 2), dtype=np.uint8))
+
+
+def test_micro_batches_lay_routing_out_as_the_routers_see_tokens():
+    from tests.trainer.trainer_helpers import make_rollouts
+    from tokenflow.trainer.batch import micro_batches
+
+    rollouts = make_rollouts(seed=3, groups=3)
+    for i, r in enumerate(rollouts):
+        if i % 4 != 3:  # some rollouts carry no record: their tokens route themselves
+            r.routed_experts = random_routing(len(r.prompt_ids) + r.num_tokens - 1, 2, 8, 2, i)
+    seqs = [to_train_sequence(i, r, 0, keep_sampling_mask=False, max_token_age=None) for i, r in enumerate(rollouts)]
+    mbs = micro_batches(seqs, budget=64, row_tokens=24)
+    assert max(mb.num_rows for mb in mbs) > 1
+    for mb in mbs:
+        width = mb.input_ids.shape[1]
+        seen = np.zeros(mb.routing_has.shape, dtype=bool)
+        # Each sequence's first target sits at (its start + prompt_len − 1) in the flat layout.
+        flat_ids = mb.input_ids.reshape(-1).numpy()
+        for s in mb.seqs:
+            n = len(s.input_ids)
+            start = int(mb.target_pos[mb.seq_index == mb.seqs.index(s)][0]) - (s.prompt_len - 1)
+            assert np.array_equal(flat_ids[start:start + n], s.input_ids)
+            if s.routing is not None:
+                assert np.array_equal(mb.routing[start:start + n].numpy(), s.routing)
+                seen[start:start + n] = True
+        assert np.array_equal(mb.routing_has.numpy(), seen)
+        assert width * mb.num_rows == len(seen)
