@@ -62,7 +62,8 @@ def test_replay_makes_trainer_experts_the_engines_and_shrinks_the_mismatch():
     rollouts = engine_rollouts(hf, "bfloat16")  # engine bfloat16, trainer float32: ties break apart
     metrics = {}
     for keep in (False, True):
-        trainer = Trainer(copy.deepcopy(hf), TrainerConfig(device="cpu", lr=0.0, keep_routing=keep), AlgorithmConfig())
+        trainer = Trainer(copy.deepcopy(hf), TrainerConfig(device="cpu", lr=0.0, keep_routing=keep, routing_probe=True),
+                          AlgorithmConfig())
         used = [experts_used(trainer, r) for r in rollouts]
         same = [np.array_equal(np.sort(u, -1), np.sort(r.routed_experts.astype(np.int64), -1))
                 for u, r in zip(used, rollouts)]
@@ -76,6 +77,10 @@ def test_replay_makes_trainer_experts_the_engines_and_shrinks_the_mismatch():
     # The trainer's own router disagrees either way; replay only changes what is used.
     assert off["routing/disagreement"] > 0 and on["routing/disagreement"] == off["routing/disagreement"]
     assert on["offpolicy/mismatch_abs_logprob"] < off["offpolicy/mismatch_abs_logprob"]
+    # The probe scores the other routing in the same step: each run's probe is the other's mismatch
+    # (same float32 forward, so equal up to summation order).
+    assert on["offpolicy/mismatch_abs_logprob_unreplayed"] == pytest.approx(off["offpolicy/mismatch_abs_logprob"], abs=1e-6)
+    assert off["offpolicy/mismatch_abs_logprob_replayed"] == pytest.approx(on["offpolicy/mismatch_abs_logprob"], abs=1e-6)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])  # unnormalised and renormalised top-k

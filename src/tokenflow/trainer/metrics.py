@@ -66,6 +66,9 @@ def step_metrics(acc: Accumulator, *, grad_norm: float, lr: float, skipped: bool
         m["policy/ref_kl"] = r("sum/ref_kl", "n/tokens")
     if "n/route_compared" in acc:
         m["routing/disagreement"] = r("sum/route_differ", "n/route_compared")
+    for other in ("unreplayed", "replayed"):  # trainer.routing_probe
+        if f"sum/mismatch_abs_{other}" in acc:
+            m[f"offpolicy/mismatch_abs_logprob_{other}"] = r(f"sum/mismatch_abs_{other}", "n/onpolicy")
     if "sum/value_err" in acc:
         m["value/abs_error"] = r("sum/value_err", "n/tokens")
     return m
