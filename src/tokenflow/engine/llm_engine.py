@@ -221,18 +221,13 @@ class Engine:
                 if batch.kind == "prefill":
                     logits = self.runner.prefill([g.prefill_ids for g in batch.groups],
                                                  [[s.slot for s in g.seqs] for g in batch.groups])
-                    if self.runner.recorder is not None:
-                        for g, rows in zip(batch.groups, self.runner.last_routing):
-                            for s in g.seqs:  # the n samples share the prompt's routing
-                                s.routing.append(rows[:g.num_prefill_tokens])
                     if len(batch.seqs) != len(batch.groups):  # n > 1: one prefill, n samples
                         rows = [i for i, g in enumerate(batch.groups) for _ in g.seqs]
                         logits = logits[torch.tensor(rows, device=logits.device)]
                 else:
                     logits = self.runner.decode(batch.seqs)
-                    if self.runner.recorder is not None:
-                        for s, rows in zip(batch.seqs, self.runner.last_routing):
-                            s.routing.append(rows)
+                if self.runner.recorder is not None:
+                    self._keep_routing(batch)
                 if self.logits_hook is not None:
                     self.logits_hook(batch.kind, batch.seqs, logits)
                 sampled = self.sampler(logits, SamplingBatch.from_seqs(batch.seqs, self.device))
@@ -246,6 +241,17 @@ class Engine:
             record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
                    finished=len(finished), version=self.version)
             return out + [self._finish(s) for s in finished]
+
+    def _keep_routing(self, batch) -> None:
+        """Hand each row's recorded experts to its sequence(s) (MoE models recording routing)."""
+        routing = self.runner.last_routing
+        if batch.kind == "prefill":
+            for g, rows in zip(batch.groups, routing):
+                for s in g.seqs:  # the n samples share the prompt's routing
+                    s.routing.append(rows[:g.num_prefill_tokens])
+        else:
+            for s, rows in zip(batch.seqs, routing):
+                s.routing.append(rows)
 
     def _count(self, batch, seconds: float, prompt_tokens: int) -> None:
         st = self.stats
