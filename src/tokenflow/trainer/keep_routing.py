@@ -80,6 +80,19 @@ class RoutingReplay:
         finally:
             self._plan = None
 
+    @torch.no_grad()
+    def score_other_way(self, mb, score):
+        """``score()`` (a forward of micro-batch ``mb``) routed the other way: by the trainer's own
+        routers if this replays, by the record if not. Counts nothing."""
+        replay = self.replay
+        self.replay = not replay
+        try:
+            with self.replaying(mb.routing, mb.routing_has):
+                return score()
+        finally:
+            self.replay = replay
+            self.take_counts()
+
     def _hook_for(self, layer: int):
         def hook(module, args, output):
             if self._plan is None:

@@ -247,22 +247,15 @@ class Trainer:
             if self.config.routing_probe and self.algorithm.behaviour_logprobs:
                 self._probe_routing(mb, acc)
 
-    @torch.no_grad()
     def _probe_routing(self, mb: MicroBatch, acc: Accumulator) -> None:
         """The on-policy mismatch had the trainer routed the other way (``trainer.routing_probe``)."""
         same = mb.mask & (mb.versions == self.version)
-        if not bool(same.any()):
-            return
-        replay = self.routing.replay
-        self.routing.replay = not replay
-        try:
-            with self.routing.replaying(mb.routing, mb.routing_has):
-                logp, _, _ = self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
-                                                  chunk=self.config.logprob_chunk_tokens, with_entropy=False)
-        finally:
-            self.routing.replay = replay
-            self.routing.take_counts()
-        acc.add(f"sum/mismatch_abs_{'unreplayed' if replay else 'replayed'}", (logp - mb.behaviour)[same].abs().sum())
+        if bool(same.any()):
+            logp = self.routing.score_other_way(
+                mb, lambda: self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
+                                                 chunk=self.config.logprob_chunk_tokens, with_entropy=False)[0])
+            other = "unreplayed" if self.routing.replay else "replayed"
+            acc.add(f"sum/mismatch_abs_{other}", (logp - mb.behaviour)[same].abs().sum())
 
     def _forward_backward(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
         alg = self.algorithm
