@@ -13,7 +13,8 @@ on both so every request produces exactly its ``max_tokens`` and the work is wel
   asked for are counted on both sides.
 
 For a mixture-of-experts model (``--moe``, or a MoE folder) the engine also runs with routing
-recording switched off, alternating with the recorded runs, and the recording's cost is
+recording switched off, alternating with the recorded runs (which goes first swaps every
+repeat), and the recording's cost is
 printed as ``routing_record_overhead_pct`` (recorded vs not, fastest run of each).
 """
 
@@ -46,7 +47,7 @@ def register(subparsers) -> None:
                    help="alternate engine / transformers runs this many times and keep each "
                         "side's fastest (steadier numbers on a shared machine)")
     p.add_argument("--moe", action="store_true",
-                   help="with no --model: a random ~9M-parameter Qwen3-MoE (8 experts, top-2) instead of the Llama")
+                   help="with no --model: a random ~11M-parameter Qwen3-MoE (8 experts, top-2) instead of the Llama")
     p.add_argument("--skip-hf", action="store_true", help="run only the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -181,9 +182,14 @@ def run(args: argparse.Namespace) -> int:
                 source, params_m, len(prompts), args.samples, args.samples * sum(max_tokens))
     eng_runs, hf_runs, unrecorded = [], [], []
     for rep in range(args.repeat):
+        # A MoE model also runs without the routing record; the two swap order every repeat
+        # so neither always gets the first (or the second) slot on a machine whose load drifts.
+        if rep % 2 and unrecorded:
+            logger.info("run %d/%d: the built-in engine, routing not recorded ...", rep + 1, args.repeat)
+            unrecorded.append(_run_engine(args, hf_model, prompts, max_tokens, record_routing=False))
         logger.info("run %d/%d: the built-in engine ...", rep + 1, args.repeat)
         eng_runs.append(_run_engine(args, hf_model, prompts, max_tokens))
-        if eng_runs[-1]["recorded"]:  # a MoE model: the same run without the routing record
+        if eng_runs[-1]["recorded"] and not (rep % 2 and unrecorded):
             logger.info("run %d/%d: the built-in engine, routing not recorded ...", rep + 1, args.repeat)
             unrecorded.append(_run_engine(args, hf_model, prompts, max_tokens, record_routing=False))
         if not args.skip_hf:
