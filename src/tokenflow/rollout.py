@@ -17,6 +17,10 @@ Conventions (see `shared/REFERENCES.md`):
   token t. A rollout may hold several versions when weights changed mid-generation.
 * ``support[t]`` is the sorted array of token ids kept by top-k/top-p at step t, or ``None`` when
   the whole vocabulary was kept ("Keep Sampling Mask").
+* ``routed_experts[p, l, j]`` (mixture-of-experts policies) is the j-th expert the engine routed
+  input position p to in its l-th sparse layer ("Keep Routing"). Positions are those of
+  ``prompt_ids + completion_ids[:-1]``, the tokens the model reads (the last token is never fed
+  back), so prompt tokens are covered too; see `tokenflow.trainer.keep_routing`.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class Rollout:
     """The scorer raised or timed out for this rollout; it carries no reward signal."""
     text: str | None = None
     info: dict = field(default_factory=dict)
+    routed_experts: np.ndarray | None = None
+    """[len(prompt) + len(completion) − 1, moe_layers, top_k] small unsigned ints: the experts
+    each input token was routed to (None for dense models or when not recorded)."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = _i32(self.prompt_ids)
@@ -87,6 +94,14 @@ class Rollout:
             raise ValueError(
                 f"Rollout.support has {len(self.support)} entries but the completion has {n} tokens"
             )
+        if self.routed_experts is not None:
+            self.routed_experts = np.asarray(self.routed_experts)
+            want = max(len(self.prompt_ids) + n - 1, 0)
+            if self.routed_experts.ndim != 3 or len(self.routed_experts) != want:
+                raise ValueError(
+                    f"Rollout.routed_experts has shape {self.routed_experts.shape} but must be "
+                    f"[{want}, moe_layers, top_k]: one row per input token (prompt + completion − 1)"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -103,8 +118,10 @@ class Rollout:
         """Age of each token at consumption, in optimizer steps: trainer version − token version."""
         return trainer_version - self.versions
 
-    def extend(self, other: "Rollout") -> "Rollout":
-        """Concatenate a continuation (prefix resume) onto this partial rollout."""
+    def extend(self, other: "Rollout", routed_experts: np.ndarray | None = None) -> "Rollout":
+        """Concatenate a continuation (prefix resume) onto this partial rollout. A continuation
+        re-reads this rollout's tokens, so only its producer knows the joined routing; it passes
+        ``routed_experts`` (covering the whole concatenation) or there is none."""
         sup = None
         if self.support is not None or other.support is not None:
             sup = list(self.support or [None] * self.num_tokens) + list(
@@ -131,4 +148,5 @@ class Rollout:
             prompt_id=self.prompt_id,
             text=None,
             info={**self.info, **other.info},
+            routed_experts=routed_experts,
         )

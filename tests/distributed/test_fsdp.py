@@ -12,7 +12,7 @@ from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer import Trainer
 
 KEYS = ("loss/total", "loss/policy", "loss/kl", "loss/value", "optim/grad_norm", "policy/clip_frac",
-        "policy/entropy", "offpolicy/is_ratio_max", "offpolicy/is_ratio_min")
+        "policy/entropy", "offpolicy/is_ratio_max", "offpolicy/is_ratio_min", "routing/disagreement")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,11 @@ on both so every request produces exactly its ``max_tokens`` and the work is wel
   ``num_return_sequences=G`` and ``max_new_tokens`` = the largest max_tokens, as an HF user
   would write it; it cannot stop a request at its own length, so only the tokens each request
   asked for are counted on both sides.
+
+For a mixture-of-experts model (``--moe``, or a MoE folder) the engine also runs with routing
+recording switched off, alternating with the recorded runs (which goes first swaps every
+repeat), and the recording's cost is
+printed as ``routing_record_overhead_pct`` (recorded vs not, fastest run of each).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import sys
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = "assets/default_model"
+DEFAULT_MOE_MODEL_DIR = "assets/default_moe_model"
 
 
 def register(subparsers) -> None:
@@ -44,6 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="alternate engine / transformers runs this many times and keep each "
                         "side's fastest (steadier numbers on a shared machine)")
+    p.add_argument("--moe", action="store_true",
+                   help="with no --model: a random ~11M-parameter Qwen3-MoE (8 experts, top-2) instead of the Llama")
     p.add_argument("--skip-hf", action="store_true", help="run only the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -61,18 +69,37 @@ def _tiny_llama(seed: int):
     return LlamaForCausalLM(cfg).eval(), "random Llama (built here)"
 
 
+def _tiny_moe(seed: int):
+    """A random Qwen3-MoE: vocab 4096, hidden 256, 4 layers of 8 experts (top-2), GQA 8/4, tied."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, moe_intermediate_size=384,
+                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # routers spread over the experts, not all ties (transformers' init)
+        for m in model.modules():
+            if hasattr(m, "experts") and hasattr(m, "gate"):
+                m.gate.weight.normal_(0.0, cfg.hidden_size**-0.5)
+    return model, "random Qwen3-MoE (built here)"
+
+
 def _load_model(args):
     from transformers import AutoModelForCausalLM
 
     if args.model is None:
-        return _tiny_llama(args.seed)
+        return _tiny_moe(args.seed) if args.moe else _tiny_llama(args.seed)
     path = args.model
-    if path == "default":
+    if path in ("default", "default-moe"):
         import tokenflow
 
-        path = os.path.join(os.path.dirname(tokenflow.__file__), DEFAULT_MODEL_DIR)
+        folder = DEFAULT_MODEL_DIR if path == "default" else DEFAULT_MOE_MODEL_DIR
+        path = os.path.join(os.path.dirname(tokenflow.__file__), folder)
         if not os.path.isdir(path):
-            raise SystemExit(f"--model default: no packaged model at {path}")
+            raise SystemExit(f"--model {args.model}: no packaged model at {path}")
     return AutoModelForCausalLM.from_pretrained(path).eval(), path
 
 
@@ -86,12 +113,12 @@ def _workload(args, vocab: int):
     return prompts, [int(m) for m in max_tokens]
 
 
-def _make_engine(args, backend: str, folder: str):
+def _make_engine(args, backend: str, folder: str, record_routing: bool = True):
     from tokenflow.engine import EngineConfig
     from tokenflow.engine.factory import make_engine
 
     config = EngineConfig(backend=backend, device=args.device, dtype=args.dtype, threads=args.threads,
-                          max_num_seqs=args.max_num_seqs, seed=args.seed)
+                          max_num_seqs=args.max_num_seqs, seed=args.seed, record_routing=record_routing)
     return make_engine(folder, config)
 
 
@@ -110,7 +137,8 @@ def _run_engine(args, engine, prompts, max_tokens) -> dict:
     seconds = time.perf_counter() - start
     tokens = sum(r.num_tokens for group in results for r in group)
     st = engine.stats
-    return {"seconds": seconds, "tokens": tokens, "decode_steps": st.decode_steps,
+    recorded = sum(r.routed_experts is not None for group in results for r in group)
+    return {"seconds": seconds, "tokens": tokens, "decode_steps": st.decode_steps, "recorded": recorded,
             "prefill_steps": st.prefill_steps,
             "mean_decode_step_ms": 1e3 * st.mean_decode_step_seconds,
             "prefill_seconds": st.prefill_seconds}
@@ -175,15 +203,30 @@ def run(args: argparse.Namespace) -> int:
         hf_model.save_pretrained(folder)  # every backend loads the same weights from one folder
         engines = {b: _make_engine(args, b, folder) for b in backends}
         runs: dict[str, list[dict]] = {b: [] for b in backends}
-        hf_runs = []
+        hf_runs, unrecorded = [], []
+        no_record = None  # the built-in engine without the routing record (MoE models only)
+
+        def run_unrecorded(rep: int) -> None:
+            nonlocal no_record
+            if no_record is None:
+                no_record = _make_engine(args, "builtin", folder, record_routing=False)
+            logger.info("run %d/%d: the built-in engine, routing not recorded ...", rep + 1, args.repeat)
+            unrecorded.append(_run_engine(args, no_record, prompts, max_tokens))
+
         for rep in range(args.repeat):
+            # A MoE model also runs without the routing record; the two swap order every repeat
+            # so neither always gets the first (or the second) slot on a machine whose load drifts.
+            if rep % 2 and unrecorded:
+                run_unrecorded(rep)
             for b in backends:
                 logger.info("run %d/%d: engine backend %s ...", rep + 1, args.repeat, b)
                 runs[b].append(_run_engine(args, engines[b], prompts, max_tokens))
+            if "builtin" in backends and runs["builtin"][-1]["recorded"] and not (rep % 2 and unrecorded):
+                run_unrecorded(rep)
             if not args.skip_hf:
                 logger.info("run %d/%d: transformers generate() ...", rep + 1, args.repeat)
                 hf_runs.append(_run_hf(args, hf_model, prompts, max_tokens))
-        for engine in engines.values():
+        for engine in [*engines.values(), *([no_record] if no_record is not None else [])]:
             engine.close()
     best = {b: min(r, key=lambda x: x["seconds"]) for b, r in runs.items()}
     rate = {b: best[b]["tokens"] / best[b]["seconds"] for b in backends}
@@ -222,6 +265,15 @@ def run(args: argparse.Namespace) -> int:
                               "sample), prefix caching off, processed log-probs returned")
     if "builtin" in backends and "vllm" in backends:
         result["vllm_vs_builtin"] = round(rate["vllm"] / rate["builtin"], 3)
+    if unrecorded:
+        off = min(unrecorded, key=lambda r: r["seconds"])
+        on_tps, off_tps = rate["builtin"], off["tokens"] / off["seconds"]
+        result.update({
+            "engine_routing_recorded": True,
+            "engine_seconds_no_routing_all": [round(r["seconds"], 3) for r in unrecorded],
+            "engine_tokens_per_s_no_routing": round(off_tps, 1),
+            "routing_record_overhead_pct": round(100 * (off_tps / on_tps - 1), 2),
+        })
     if hf_runs:
         hf = min(hf_runs, key=lambda r: r["seconds"])
         hf_rate = hf["tokens"] / hf["seconds"]

@@ -36,7 +36,8 @@ class RunConfig(ConfigModel):
 
 class ModelConfig(ConfigModel):
     path: str = "default"
-    """Hugging Face-format model folder; "default" is the tiny arithmetic model shipped with tokenflow."""
+    """Hugging Face-format model folder; "default" is the tiny arithmetic model shipped with tokenflow,
+    "default-moe" the same model upcycled into a 4-expert Mixtral (`tokenflow.tools.make_moe_model`)."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
 

@@ -61,6 +61,10 @@ class EngineConfig(ConfigModel):
     """The KV cache grows its per-slot length in multiples of this many positions (it starts
     small and grows to the longest live sequence, at most `max_model_len`)."""
 
+    record_routing: bool = True
+    """Mixture-of-experts models: record the top-k experts of every token read into
+    `Rollout.routed_experts`, so the trainer can replay them (``trainer.keep_routing``)."""
+
     version: int = 0
     """Policy version of the initial weights (optimizer steps already applied)."""
 

@@ -99,7 +99,7 @@ class Engine:
         if state_dict is None:
             self.model.init_random(config.seed)
         else:
-            state_dict = as_dict(state_dict)
+            state_dict = self.model.canonical_weights(as_dict(state_dict))
             check_weights(state_dict, self._expected, self._optional)
             self.model.load_weights(state_dict.items())
         eos = set(as_id_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
@@ -111,7 +111,7 @@ class Engine:
                                      tokenizer is not None, self.eos_token_ids, config.seed)
         self.stats = EngineStats()
         self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len,
-                                  self.device, self.dtype, config.kv_growth)
+                                  self.device, self.dtype, config.kv_growth, config.record_routing)
         detok = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, detok)
@@ -226,6 +226,8 @@ class Engine:
                         logits = logits[torch.tensor(rows, device=logits.device)]
                 else:
                     logits = self.runner.decode(batch.seqs)
+                if self.runner.recorder is not None:
+                    self._keep_routing(batch)
                 if self.logits_hook is not None:
                     self.logits_hook(batch.kind, batch.seqs, logits)
                 sampled = self.sampler(logits, SamplingBatch.from_seqs(batch.seqs, self.device))
@@ -239,6 +241,17 @@ class Engine:
             record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
                    finished=len(finished), version=self.version)
             return out + [self._finish(s) for s in finished]
+
+    def _keep_routing(self, batch) -> None:
+        """Hand each row's recorded experts to its sequence(s) (MoE models recording routing)."""
+        routing = self.runner.last_routing
+        if batch.kind == "prefill":
+            for g, rows in zip(batch.groups, routing):
+                for s in g.seqs:  # the n samples share the prompt's routing
+                    s.routing.append(rows[:g.num_prefill_tokens])
+        else:
+            for s, rows in zip(batch.seqs, routing):
+                s.routing.append(rows)
 
     def _count(self, batch, seconds: float, prompt_tokens: int) -> None:
         st = self.stats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tokenflow.engine.kv_cache import KVCache
@@ -12,9 +13,15 @@ from tokenflow.engine.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, max_num_seqs: int, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype, kv_growth: int = 64) -> None:
+                 device: torch.device, dtype: torch.dtype, kv_growth: int = 64,
+                 record_routing: bool = True) -> None:
         cfg = model.config
         self.model = model
+        self.recorder = model.routing if record_routing else None
+        self.routing_dtype = compact_dtype(getattr(model, "num_experts", 0))
+        self.last_routing: np.ndarray | None = None
+        """Expert ids of the last prefill/decode's input tokens, [rows, tokens, moe_layers, k]
+        (MoE models recording routing only)."""
         self.device = device
         self.dtype = dtype
         self.cache = KVCache(
@@ -58,9 +65,10 @@ class ModelRunner:
             ctx.cache = self.cache
             ctx.write_slots = self._long(flat)
             ctx.write_rows = self._long([g for g, group in enumerate(slots) for _ in group])
-        hidden = self.model(ids, positions, ctx)
-        if not need_logits:
+        if not need_logits:  # a KV recompute: its routing is not what produced any token
+            self.model(ids, positions, ctx)
             return None
+        hidden = self._forward_recorded(ids, positions, ctx)
         last = hidden[torch.arange(len(lengths), device=self.device), self._long(lengths) - 1]
         return self.model.compute_logits(last)
 
@@ -90,8 +98,20 @@ class ModelRunner:
             window_bias = key_bias.masked_fill(behind[:, None, :], float("-inf"))
             ctx.window_bias = window_bias.expand(batch, kv_heads, length).reshape(-1, 1, length)
             ctx.windowed = self.model.windowed_layers
-        hidden = self.model(ids, positions[:, None], ctx)
+        hidden = self._forward_recorded(ids, positions[:, None], ctx)
         return self.model.compute_logits(hidden[:, 0])
+
+    def _forward_recorded(self, ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """The forward pass; with routing recorded into `last_routing` (one host copy per step)."""
+        if self.recorder is None:
+            return self.model(ids, positions, ctx)
+        self.recorder.start()
+        try:
+            hidden = self.model(ids, positions, ctx)
+        finally:
+            experts = self.recorder.take()
+        self.last_routing = experts.to(self.routing_dtype).cpu().numpy().reshape(*ids.shape, *experts.shape[1:])
+        return hidden
 
     @torch.inference_mode()
     def apply_moves(self, moves: list[tuple[int, int, int]]) -> None:
@@ -112,3 +132,8 @@ class ModelRunner:
         positions = torch.arange(len(token_ids), device=self.device)[None, :]
         hidden = self.model(ids, positions, self._prefill_context(len(token_ids)))
         return self.model.compute_logits(hidden[0])
+
+
+def compact_dtype(num_experts: int) -> torch.dtype:
+    """The smallest integer type that holds an expert id (Rollout.routed_experts stays small)."""
+    return torch.uint8 if num_experts <= 256 else torch.int16 if num_experts <= 32768 else torch.int32

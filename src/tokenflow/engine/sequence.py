@@ -46,6 +46,9 @@ class Sequence:
     support: list[np.ndarray | None] = field(default_factory=list)
     truncated: bool = False
     """Whether any generated token had a truncated support (so `Rollout.support` is a list)."""
+    routing: list[np.ndarray] = field(default_factory=list)
+    """MoE models: expert ids of the tokens forwarded so far, in chunks of [tokens, layers, k]
+    (the prefill's chunk covers the prompt and any resumed partial; each decode adds one)."""
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +88,7 @@ class Sequence:
     def to_rollout(self, text: str | None = None) -> Rollout:
         """The finished (or aborted) sample as a `Rollout`, joined onto its resumed prefix."""
         n_new = self.num_new_tokens
+        routing = self._routing()
         new = Rollout(
             prompt_ids=np.asarray(self.prompt_ids, dtype=np.int32),
             completion_ids=np.asarray(self.token_ids[len(self.token_ids) - n_new:], dtype=np.int32),
@@ -99,10 +103,25 @@ class Sequence:
             group_id=self.group_id,
             prompt_id=self.prompt_id,
             info={"seed": self.seed},
+            routed_experts=routing if self.prefix is None else None,
         )
-        out = self.prefix.extend(new) if self.prefix is not None else new
+        out = self.prefix.extend(new, routing) if self.prefix is not None else new
         out.text = text
         return out
+
+    def _routing(self) -> np.ndarray | None:
+        """Routing of the whole rollout (prefix included): one row per token it reads. Rows of
+        a resumed prefix's tokens come from the prefix, i.e. from the forward that produced
+        them, not from the prefill that re-read them here."""
+        if not self.routing:  # never prefilled here (aborted while waiting)
+            return self.prefix.routed_experts if self.prefix is not None else None
+        rows = np.concatenate(self.routing)[: max(self.num_tokens - 1, 0)]
+        if self.prefix is None or self.prefix.num_tokens == 0:
+            return rows
+        if self.prefix.routed_experts is None:
+            return None
+        kept = self.prefix.routed_experts
+        return np.concatenate([kept, rows[len(kept):]])
 
 
 @dataclass(eq=False)

@@ -45,7 +45,7 @@ def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, m
         mode = "drain"
     recompute = engine.config.recompute_kv_after_update if recompute_kv is None else recompute_kv
     start = time.perf_counter()
-    named = as_dict(named_tensors)
+    named = engine.model.canonical_weights(as_dict(named_tensors))
     with engine._lock:
         check_weights(named, engine._expected, engine._optional)
         if checksum is not None:

@@ -25,6 +25,11 @@ def default_model_path() -> Path:
     return Path(str(resources.files("tokenflow") / "assets" / "default_model"))
 
 
+def default_moe_model_path() -> Path:
+    """The tiny mixture-of-experts policy (the default model upcycled into a Mixtral)."""
+    return Path(str(resources.files("tokenflow") / "assets" / "default_moe_model"))
+
+
 def default_config_path() -> Path:
     """The embedded default run (preset "tiny-cpu"): the shipped model on the arithmetic task,
     async, on the CPU."""
@@ -34,6 +39,13 @@ def default_config_path() -> Path:
 
 
 def resolve_model_path(path: str) -> str:
+    if path == "default-moe":
+        p = default_moe_model_path()
+        if not (p / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"the default MoE model is missing from {p}; rebuild it with "
+                "`python -m tokenflow.tools.make_moe_model --out src/tokenflow/assets/default_moe_model`")
+        return str(p)
     if path == "default":
         p = default_model_path()
         if not (p / "model.safetensors").is_file():

@@ -40,6 +40,9 @@ class TrainSequence:
     temperature: float
     support: list[np.ndarray | None] | None
     """Per target, the sampling support to mask to (only when the Keep Sampling Mask applies)."""
+    routing: np.ndarray | None = None
+    """Mixture-of-experts policies: the engine's experts per input token, [len(input_ids),
+    moe_layers, top_k] (`Rollout.routed_experts`), or None."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -71,7 +74,7 @@ def to_train_sequence(index: int, r: Rollout, trainer_version: int, *, keep_samp
         index=index, input_ids=np.concatenate([r.prompt_ids, r.completion_ids[:-1]]),
         prompt_len=len(r.prompt_ids), targets=r.completion_ids, behaviour=behaviour.astype(np.float32),
         versions=r.versions, loss_mask=loss_mask, keep=keep, temperature=float(r.temperature),
-        support=support,
+        support=support, routing=r.routed_experts,
     )
 
 
@@ -115,6 +118,11 @@ class MicroBatch:
     support_pairs: tuple[torch.Tensor, torch.Tensor] | None  # (target row, token id) members
     num_tokens: int = 0
     """Real (unpadded) tokens forwarded."""
+    routing: torch.Tensor | None = None
+    """[B·W, moe_layers, top_k] recorded experts per input position (flat, as routers see
+    them), where any sequence of the micro-batch has a record; see `keep_routing`."""
+    routing_has: torch.Tensor | None = None
+    """[B·W] bool: the positions ``routing`` covers (not padding, not unrecorded sequences)."""
 
     @property
     def num_seqs(self) -> int:
@@ -169,6 +177,7 @@ def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "
     def t(parts, dtype):
         return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=device)
 
+    routing, routing_has = _routing(rows, width, device)
     support_rows = support_pairs = None
     if sup_rows:
         support_rows = torch.tensor(sup_rows, dtype=torch.long, device=device)
@@ -181,8 +190,27 @@ def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "
         mask=t([s.keep for s in seqs], torch.bool), seq_index=t(sidx, torch.long),
         versions=t([s.versions for s in seqs], torch.long),
         support_rows=support_rows, support_pairs=support_pairs,
-        num_tokens=sum(len(s.input_ids) for s in seqs),
+        num_tokens=sum(len(s.input_ids) for s in seqs), routing=routing, routing_has=routing_has,
     )
+
+
+def _routing(rows: list[list[TrainSequence]], width: int, device):
+    """The recorded experts laid out like the packed rows (flattened), and where they apply."""
+    shape = next((s.routing.shape[1:] for row in rows for s in row if s.routing is not None), None)
+    if shape is None:
+        return None, None
+    experts = np.zeros((len(rows), width, *shape), dtype=np.int64)
+    has = np.zeros((len(rows), width), dtype=bool)
+    for b, row in enumerate(rows):
+        offset = 0
+        for s in row:
+            length = len(s.input_ids)
+            if s.routing is not None:
+                experts[b, offset:offset + length] = s.routing
+                has[b, offset:offset + length] = True
+            offset += length
+    return (torch.from_numpy(experts.reshape(-1, *shape)).to(device),
+            torch.from_numpy(has.reshape(-1)).to(device))
 
 
 def stack_rows(widths: list[int], budget: int, max_rows: int | None = None) -> list[list[int]]:

@@ -110,6 +110,20 @@ class TrainerConfig(ConfigModel):
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     """Module names that get adapters (peft's ``target_modules``)."""
 
+    keep_routing: bool = False
+    """Mixture-of-experts policies: route every token to the experts the engine recorded for
+    it (`Rollout.routed_experts`), weighting them by the trainer's own live gate scores, so the
+    trainer scores the network that sampled and the router still learns ("Keep Routing",
+    rollout routing replay). Off, the trainer routes by itself; the router disagreement is
+    logged either way (``routing/disagreement``)."""
+
+    routing_probe: bool = False
+    """Mixture-of-experts policies: also score each micro-batch, without a gradient, under the
+    other routing (the trainer's own when ``keep_routing`` is on, the engine's record when it is
+    off) and log that log-prob mismatch beside the real one
+    (``offpolicy/mismatch_abs_logprob_{unreplayed,replayed}``). One extra forward per
+    micro-batch; one trainer process only."""
+
     world_size: int = Field(default=1, ge=1)
     """Trainer ranks. Above 1 the policy is sharded with PyTorch FSDP2 (``fully_shard``) over
     that many processes (local backend) or Ray actors; gloo on CPU, NCCL on GPU. Every rank
@@ -128,6 +142,9 @@ class TrainerConfig(ConfigModel):
                              f"trainer.total_steps ({self.total_steps})")
         if self.value_lr is not None and not self.value_head:
             raise ValueError("trainer.value_lr is set but trainer.value_head is false")
+        if self.routing_probe and self.world_size > 1:
+            raise ValueError("trainer.routing_probe with trainer.world_size > 1: the probe's extra forward "
+                             "would unbalance the ranks' collectives; drop one of them")
         if self.lora_rank is not None and self.world_size > 1:
             raise ValueError("trainer.lora_rank with trainer.world_size > 1: LoRA trains on one trainer "
                              "process; drop world_size or train the full model")

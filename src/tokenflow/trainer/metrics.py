@@ -9,6 +9,9 @@
                TIS, masked by IS masking, dropped by OPSM, rejected for age (of all
                model-generated tokens), token age in optimizer steps, and the on-policy
                engine-vs-trainer mismatch over tokens whose version equals the trainer's;
+``routing/disagreement`` (mixture-of-experts rollouts with a routing record) the share of
+               (token, sparse layer) pairs whose top-k expert set differs between the engine's
+               record and the trainer's own router (before any Keep Routing replay);
 ``perf/*``, ``time/*`` sizes and wall time.
 
 Means over tokens are over loss tokens; every value is finite (0, or 1 for ratios, when there is
@@ -61,6 +64,11 @@ def step_metrics(acc: Accumulator, *, grad_norm: float, lr: float, skipped: bool
     }
     if "sum/ref_kl" in acc:
         m["policy/ref_kl"] = r("sum/ref_kl", "n/tokens")
+    if "n/route_compared" in acc:
+        m["routing/disagreement"] = r("sum/route_differ", "n/route_compared")
+    for other in ("unreplayed", "replayed"):  # trainer.routing_probe
+        if f"sum/mismatch_abs_{other}" in acc:
+            m[f"offpolicy/mismatch_abs_logprob_{other}"] = r(f"sum/mismatch_abs_{other}", "n/onpolicy")
     if "sum/value_err" in acc:
         m["value/abs_error"] = r("sum/value_err", "n/tokens")
     return m

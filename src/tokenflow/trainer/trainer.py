@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator
 
@@ -37,6 +38,7 @@ from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
 from tokenflow.trainer.checkpoint import rng_state, set_rng_state
 from tokenflow.trainer.config import TrainerConfig, check_compatible
+from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model import CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm, use_fp32_lm_head
@@ -85,6 +87,11 @@ class Trainer:
 
             self.model = add_lora(self.model, config)
         self.model.train()
+        # After the reference copy: hooks would be copied along, and the reference routes itself.
+        self.routing = RoutingReplay(self.model, replay=config.keep_routing)
+        if config.keep_routing and not self.routing:
+            raise ValueError("trainer.keep_routing = true but the policy has no mixture-of-experts routers; "
+                             "set it to false for a dense model")
         self.value_head = None
         if config.value_head:
             hidden = self.model.get_output_embeddings().in_features
@@ -208,9 +215,11 @@ class Trainer:
         logps = [np.zeros(0, dtype=np.float32)] * n
         values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
         for mb in self._micro_batches(seqs):
-            lp, _, hidden = runner.logprobs(mb, self._keep_mask(mb, runner.vocab_size),
-                                                 chunk=self.config.logprob_chunk_tokens, with_entropy=False,
-                                                 want_hidden=with_values)
+            with self.routing.replaying(mb.routing, mb.routing_has) if runner is self.runner else nullcontext():
+                lp, _, hidden = runner.logprobs(mb, self._keep_mask(mb, runner.vocab_size),
+                                                chunk=self.config.logprob_chunk_tokens, with_entropy=False,
+                                                want_hidden=with_values)
+            self.routing.take_counts()  # counted once, in the step's own forward
             v = self.value_head(hidden) if with_values else None
             bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
             for k, s in enumerate(mb.seqs):
@@ -228,6 +237,27 @@ class Trainer:
         return logps
 
     def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
+        # The replay spans the backward too: activation checkpointing re-runs the routers there.
+        with self.routing.replaying(mb.routing, mb.routing_has):
+            self._forward_backward(mb, adv, prox, old_values, counts, acc)
+        if mb.routing is not None:
+            differ, compared = self.routing.take_counts()
+            acc.add("sum/route_differ", differ)
+            acc.add("n/route_compared", compared)
+            if self.config.routing_probe and self.algorithm.behaviour_logprobs:
+                self._probe_routing(mb, acc)
+
+    def _probe_routing(self, mb: MicroBatch, acc: Accumulator) -> None:
+        """The on-policy mismatch had the trainer routed the other way (``trainer.routing_probe``)."""
+        same = mb.mask & (mb.versions == self.version)
+        if bool(same.any()):
+            logp = self.routing.score_other_way(
+                mb, lambda: self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
+                                                 chunk=self.config.logprob_chunk_tokens, with_entropy=False)[0])
+            other = "unreplayed" if self.routing.replay else "replayed"
+            acc.add(f"sum/mismatch_abs_{other}", (logp - mb.behaviour)[same].abs().sum())
+
+    def _forward_backward(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
         alg = self.algorithm
         with span("trainer/forward", tokens=mb.num_tokens, seqs=mb.num_seqs):
             chunk = self.config.logprob_chunk_tokens

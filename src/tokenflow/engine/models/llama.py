@@ -108,10 +108,10 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
 
-    def __init__(self, config, flags: ArchFlags) -> None:
+    def __init__(self, config, flags: ArchFlags, index: int = 0) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(config, flags)
-        self.mlp = LlamaMLP(config, flags)
+        self.mlp = self.make_mlp(config, flags, index)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -120,6 +120,10 @@ class LlamaDecoderLayer(nn.Module):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def make_mlp(self, config, flags: ArchFlags, index: int) -> nn.Module:
+        """The feed-forward block of layer ``index`` (mixture-of-experts families override it)."""
+        return LlamaMLP(config, flags)
+
 
 class LlamaModel(nn.Module):
     layer_cls = LlamaDecoderLayer
@@ -127,12 +131,16 @@ class LlamaModel(nn.Module):
     def __init__(self, config, flags: ArchFlags) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(self.layer_cls(config, flags) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(config, flags, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
     model_cls = LlamaModel
+    routing = None
+    """A mixture-of-experts model's `RoutingRecorder` (None for dense models)."""
+    moe_layers: list[int] = []
+    """Indices of the layers with a sparse (mixture-of-experts) feed-forward block."""
 
     def __init__(self, config, max_len: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -197,6 +205,10 @@ class LlamaForCausalLM(nn.Module):
                     views[f"{parent}.{shard}.{pname}"] = param.data.narrow(0, offset, size)
                     offset += size
         return views
+
+    def canonical_weights(self, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors under the names `hf_views` uses (MoE families fuse experts)."""
+        return named
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

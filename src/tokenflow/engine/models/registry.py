@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from tokenflow.engine.models.llama import LlamaForCausalLM
 from tokenflow.engine.models.mistral import MistralForCausalLM
+from tokenflow.engine.models.mixtral import MixtralForCausalLM
 from tokenflow.engine.models.qwen2 import Qwen2ForCausalLM
+from tokenflow.engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from tokenflow.engine.models.qwen3 import Qwen3ForCausalLM
+from tokenflow.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 MODEL_TYPES: dict[str, type[LlamaForCausalLM]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "mistral": MistralForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "mixtral": MixtralForCausalLM,
 }
 
 
