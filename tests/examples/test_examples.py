@@ -11,7 +11,7 @@ from tokenflow.config.root import TrainConfig
 from tokenflow.runtime.launch import train
 
 ROOT = Path(__file__).parents[2]
-TRAIN_EXAMPLES = ["examples/custom_task/config.toml", "examples/ppo_gae.toml", "examples/stale_and_corrected.toml",
+TRAIN_EXAMPLES = ["examples/custom_task/config.toml", "examples/code_task/config.toml", "examples/ppo_gae.toml", "examples/stale_and_corrected.toml",
                   "examples/reinforce_pp_kl.toml", "examples/lora.toml"]
 SHORT = ["--run.steps", "2", "--rollout.prompts_per_step", "4", "--run.eval_limit", "16",
          "--run.checkpoint_every", "0", "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
