@@ -77,6 +77,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     from tokenflow.metrics.sinks import build_logger
     from tokenflow.runtime.orchestrator import Orchestrator
     from tokenflow.scoring.pool import ScorerPool
+    from tokenflow.scoring.stage import build_scoring
     from tokenflow.tasks import build_task
 
     rd = RunDir(run_dir).create()
@@ -108,6 +109,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         scorer = RayScorerPool(task.reward_spec, cfg)
     else:
         scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+    scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume else None)
     backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)

@@ -303,7 +303,7 @@ class Orchestrator:
                     if gid not in submitted:
                         submitted.add(gid)
                         p = prompts[-gid - 1]
-                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid)
+                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid, kind="eval")
                 return all(v is not None for v in self.eval_scored.values())
 
             self.wait_for(all_scored, "the held-out evaluation")

@@ -1,0 +1,164 @@
+"""The scoring stage: the task's outcome reward plus token-shaped scorers, one group at a time.
+
+    Generated group ──► outcome pool (reward fn: per sample / per group) ──┐
+                   └──► token pool per scorer (teacher, PRM, user fn) ─────┴─► group done
+                        (own worker process each; one call per group)
+
+A group leaves the stage when the outcome reward and every token scorer are done with it, with
+``Rollout.token_rewards`` = Σ coef · scorer rewards (:func:`apply_token_scores`). Everything runs
+in worker processes, so scoring overlaps generation and training like the reward function does;
+each call is bounded by n × ``runtime.score_timeout_s`` and a scorer that fails or times out
+fails its group's samples, not the run. Evaluation groups (``kind="eval"``) get the outcome
+reward only.
+
+``ScoringStage`` offers the orchestrator the same ``submit``/``poll``/``close`` as
+``ScorerPool``; with no token scorer configured, :func:`build_scoring` returns the pool itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from tokenflow.metrics import trace
+from tokenflow.rollout import Rollout
+from tokenflow.scoring.token_scorers import (
+    SampleView, TokenScorerSpec, apply_token_scores, build_token_scorer, token_scorer_specs,
+)
+
+log = logging.getLogger(__name__)
+
+_scorer = None
+
+
+def _init_token_worker(spec: TokenScorerSpec, trace_dir: str | None = None) -> None:
+    global _scorer
+    trace.configure(trace_dir, f"scorer-{spec.name}", flush_every=256, flush_interval_s=1.0)
+    _scorer = build_token_scorer(spec)
+
+
+def _score_tokens(prompt: str, samples: list[SampleView], example: dict):
+    with trace.span(f"scorer/{_scorer.name}", n=len(samples)):
+        out = _scorer.score(prompt, samples, example)
+    trace.flush()
+    return out
+
+
+@dataclass
+class _Entry:
+    group: list[Rollout]
+    meta: dict
+    futures: list
+    started: float
+    outcome_done: bool = False
+    results: list = field(default_factory=list)
+
+
+class ScoringStage:
+    """Outcome pool + one worker pool per token scorer; see the module docstring."""
+
+    def __init__(self, outcome, specs: list[TokenScorerSpec], timeout_s: float, workers: int = 1) -> None:
+        from pebble import ProcessPool
+
+        self.outcome, self.specs, self.timeout_s = outcome, specs, timeout_s
+        tdir = trace.trace_dir()
+        # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
+        self._pools = [ProcessPool(max_workers=workers, initializer=_init_token_worker,
+                                   initargs=(spec, str(tdir) if tdir else None),
+                                   context=mp.get_context("spawn")) for spec in specs]
+        self._waiting: dict[int, _Entry] = {}
+        self._keys = itertools.count()
+        self.token_failed = 0
+        self.token_busy_s = {spec.name: 0.0 for spec in specs}
+
+    @property
+    def shape(self) -> str:
+        return self.outcome.shape
+
+    def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
+        key = next(self._keys)
+        self.outcome.submit(group, prompt_text, example, _stage_key=key, **meta)
+        futures = []
+        if meta.get("kind") != "eval":
+            samples = [SampleView.of(r) for r in group]
+            futures = [pool.schedule(_score_tokens, args=(prompt_text, samples, example),
+                                     timeout=self.timeout_s * len(group)) for pool in self._pools]
+        self._waiting[key] = _Entry(group, meta, futures, time.time())
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._waiting)
+
+    def poll(self) -> list[tuple[list[Rollout], dict]]:
+        for _, meta in self.outcome.poll():
+            self._waiting[meta.pop("_stage_key")].outcome_done = True
+        done = []
+        for key, e in list(self._waiting.items()):
+            if not e.outcome_done or not all(f.done() for f in e.futures):
+                continue
+            parts = [(spec, self._result(spec, f, len(e.group))) for spec, f in zip(self.specs, e.futures)]
+            apply_token_scores(e.group, parts)
+            del self._waiting[key]
+            done.append((e.group, e.meta))
+        return done
+
+    def _result(self, spec: TokenScorerSpec, future, n: int):
+        try:
+            res = future.result()
+        except FutureTimeout:
+            res = f"exceeded {self.timeout_s * n:g}s for {n} samples (runtime.score_timeout_s × n)"
+        except Exception as e:  # noqa: BLE001 - a scorer (or its worker) may fail in any way
+            res = f"{type(e).__name__}: {e}"
+        if isinstance(res, str):
+            self.token_failed += 1
+            if self.token_failed <= 5 or self.token_failed % 100 == 0:
+                log.warning("the %s scorer failed on a group: %s (%d failures so far)", spec.name, res,
+                            self.token_failed)
+        else:
+            self.token_busy_s[spec.name] += float(res.metrics.get("time_s", 0.0))
+        return res
+
+    # The outcome pool's counters, for the callers that read them.
+    @property
+    def failed(self) -> int:
+        return self.outcome.failed
+
+    @property
+    def timeouts(self) -> int:
+        return self.outcome.timeouts
+
+    @property
+    def scored(self) -> int:
+        return self.outcome.scored
+
+    def close(self) -> None:
+        self.outcome.close()
+        for pool in self._pools:
+            pool.stop()
+            pool.join(timeout=5)
+
+
+def check_token_scorers(cfg, student_model: str) -> list[TokenScorerSpec]:
+    """The configured token scorers, with what can be refused at start refused now."""
+    specs = token_scorer_specs(cfg.scorer)
+    if cfg.scorer.teacher is not None:
+        from tokenflow.scoring.teacher import check_same_tokenizer
+
+        check_same_tokenizer(student_model, cfg.scorer.teacher.model)
+    if cfg.scorer.token is not None:
+        from tokenflow.scoring.token_scorers import FunctionTokenScorer
+
+        FunctionTokenScorer(cfg.scorer.token)  # importable and marked as a token scorer
+    return specs
+
+
+def build_scoring(outcome, cfg, student_model: str):
+    """``outcome`` (a scorer pool) alone, or a :class:`ScoringStage` when token scorers are set."""
+    if not cfg.scorer.any_token_scorer:
+        return outcome
+    specs = check_token_scorers(cfg, student_model)
+    return ScoringStage(outcome, specs, cfg.runtime.score_timeout_s)
