@@ -28,7 +28,8 @@ class TeacherConfig(ConfigModel):
     """A frozen teacher scoring the student's samples: r_t = distill_coef·(log p_T(a_t) − log μ(a_t))."""
 
     model: str
-    """Hugging Face model folder of the teacher. Its tokenizer must equal the student's."""
+    """Hugging Face model folder of the teacher ("default": the shipped model). Its tokenizer
+    must equal the student's."""
     distill_coef: float = Field(default=1.0, gt=0)
     """Weight of the per-token distillation reward against the task's outcome reward."""
     device: Literal["auto", "cpu", "cuda"] = "cpu"

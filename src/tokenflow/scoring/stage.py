@@ -145,10 +145,11 @@ class ScoringStage:
 def check_token_scorers(cfg, student_model: str) -> list[TokenScorerSpec]:
     """The configured token scorers, with what can be refused at start refused now."""
     specs = token_scorer_specs(cfg.scorer)
-    if cfg.scorer.teacher is not None:
-        from tokenflow.scoring.teacher import check_same_tokenizer
+    for spec in specs:
+        if spec.kind == "teacher":
+            from tokenflow.scoring.teacher import check_same_tokenizer
 
-        check_same_tokenizer(student_model, cfg.scorer.teacher.model)
+            check_same_tokenizer(student_model, spec.config["model"])
     if cfg.scorer.token is not None:
         from tokenflow.scoring.token_scorers import FunctionTokenScorer
 

@@ -84,11 +84,15 @@ def token_scorer_specs(scorer_cfg) -> list[TokenScorerSpec]:
     specs = []
     if scorer_cfg.token is not None:
         specs.append(TokenScorerSpec("token", "token", scorer_cfg.token_coef, {"spec": scorer_cfg.token}))
+    if scorer_cfg.teacher is not None or scorer_cfg.prm is not None:
+        from tokenflow.runtime.launch import resolve_model_path  # "default" → the shipped model
     if scorer_cfg.teacher is not None:
         t = scorer_cfg.teacher
-        specs.append(TokenScorerSpec("teacher", "teacher", t.distill_coef, t.model_dump()))
+        specs.append(TokenScorerSpec("teacher", "teacher", t.distill_coef,
+                                     {**t.model_dump(), "model": resolve_model_path(t.model)}))
     if scorer_cfg.prm is not None:
-        specs.append(TokenScorerSpec("prm", "prm", scorer_cfg.prm.coef, scorer_cfg.prm.model_dump()))
+        p = scorer_cfg.prm
+        specs.append(TokenScorerSpec("prm", "prm", p.coef, {**p.model_dump(), "model": resolve_model_path(p.model)}))
     return specs
 
 
