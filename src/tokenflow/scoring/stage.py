@@ -41,9 +41,11 @@ def _init_token_worker(spec: TokenScorerSpec, trace_dir: str | None = None) -> N
     _scorer = build_token_scorer(spec)
 
 
-def _score_tokens(prompt: str, samples: list[SampleView], example: dict):
-    with trace.span(f"scorer/{_scorer.name}", n=len(samples)):
-        out = _scorer.score(prompt, samples, example)
+def _score_tokens(jobs: list[tuple[str, list[SampleView], dict]]) -> list:
+    """Score several groups in one call: batched (one forward pass) where the scorer can."""
+    with trace.span(f"scorer/{_scorer.name}", groups=len(jobs), n=sum(len(j[1]) for j in jobs)):
+        many = getattr(_scorer, "score_many", None)
+        out = many(jobs) if many is not None else [_scorer.score(*job) for job in jobs]
     trace.flush()
     return out
 
@@ -52,25 +54,42 @@ def _score_tokens(prompt: str, samples: list[SampleView], example: dict):
 class _Entry:
     group: list[Rollout]
     meta: dict
-    futures: list
-    started: float
+    results: list
+    """Per token scorer: None while waiting, then its TokenScores or the error that stopped it."""
     outcome_done: bool = False
-    results: list = field(default_factory=list)
+
+
+@dataclass
+class _TokenWorkers:
+    """One token scorer's pool, the groups queued for it and the calls in flight."""
+
+    spec: TokenScorerSpec
+    pool: object
+    queue: list = field(default_factory=list)
+    in_flight: list = field(default_factory=list)  # (future, [keys], samples)
 
 
 class ScoringStage:
-    """Outcome pool + one worker pool per token scorer; see the module docstring."""
+    """Outcome pool + one worker pool per token scorer; see the module docstring.
 
-    def __init__(self, outcome, specs: list[TokenScorerSpec], timeout_s: float, workers: int = 1) -> None:
+    Groups wait in a queue per token scorer and go to its worker together when the worker is
+    free (at most ``max_groups_per_call``), so a model scorer batches as many groups as arrived
+    while it was busy into one forward pass: its throughput grows with the load.
+    """
+
+    def __init__(self, outcome, specs: list[TokenScorerSpec], timeout_s: float, workers: int = 1,
+                 max_groups_per_call: int = 16) -> None:
         from pebble import ProcessPool
 
         self.outcome, self.specs, self.timeout_s = outcome, specs, timeout_s
+        self.workers, self.max_groups_per_call = workers, max_groups_per_call
         tdir = trace.trace_dir()
         # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
-        self._pools = [ProcessPool(max_workers=workers, initializer=_init_token_worker,
-                                   initargs=(spec, str(tdir) if tdir else None),
-                                   context=mp.get_context("spawn")) for spec in specs]
+        self._token = [_TokenWorkers(spec, ProcessPool(max_workers=workers, initializer=_init_token_worker,
+                                                       initargs=(spec, str(tdir) if tdir else None),
+                                                       context=mp.get_context("spawn"))) for spec in specs]
         self._waiting: dict[int, _Entry] = {}
+        self._jobs: dict[int, tuple] = {}
         self._keys = itertools.count()
         self.token_failed = 0
         self.token_busy_s = {spec.name: 0.0 for spec in specs}
@@ -82,12 +101,23 @@ class ScoringStage:
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
         key = next(self._keys)
         self.outcome.submit(group, prompt_text, example, _stage_key=key, **meta)
-        futures = []
-        if meta.get("kind") != "eval":
-            samples = [SampleView.of(r) for r in group]
-            futures = [pool.schedule(_score_tokens, args=(prompt_text, samples, example),
-                                     timeout=self.timeout_s * len(group)) for pool in self._pools]
-        self._waiting[key] = _Entry(group, meta, futures, time.time())
+        scored = meta.get("kind") != "eval"
+        self._waiting[key] = _Entry(group, meta, [None] * len(self._token) if scored else [])
+        if scored:
+            self._jobs[key] = (prompt_text, [SampleView.of(r) for r in group], example)
+            for tw in self._token:
+                tw.queue.append(key)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        for tw in self._token:
+            while tw.queue and len(tw.in_flight) < self.workers:
+                keys = tw.queue[:self.max_groups_per_call]
+                del tw.queue[:len(keys)]
+                jobs = [self._jobs[k] for k in keys]
+                n = sum(len(j[1]) for j in jobs)
+                future = tw.pool.schedule(_score_tokens, args=(jobs,), timeout=self.timeout_s * n)
+                tw.in_flight.append((future, keys, n))
 
     @property
     def num_pending(self) -> int:
@@ -96,17 +126,27 @@ class ScoringStage:
     def poll(self) -> list[tuple[list[Rollout], dict]]:
         for _, meta in self.outcome.poll():
             self._waiting[meta.pop("_stage_key")].outcome_done = True
+        for i, tw in enumerate(self._token):
+            still = []
+            for future, keys, n in tw.in_flight:
+                if not future.done():
+                    still.append((future, keys, n))
+                    continue
+                for key, res in zip(keys, self._results(tw.spec, future, keys, n)):
+                    self._waiting[key].results[i] = res
+            tw.in_flight = still
+        self._dispatch()
         done = []
         for key, e in list(self._waiting.items()):
-            if not e.outcome_done or not all(f.done() for f in e.futures):
+            if not e.outcome_done or any(r is None for r in e.results):
                 continue
-            parts = [(spec, self._result(spec, f, len(e.group))) for spec, f in zip(self.specs, e.futures)]
-            apply_token_scores(e.group, parts)
+            apply_token_scores(e.group, list(zip(self.specs, e.results)))
             del self._waiting[key]
+            self._jobs.pop(key, None)
             done.append((e.group, e.meta))
         return done
 
-    def _result(self, spec: TokenScorerSpec, future, n: int):
+    def _results(self, spec: TokenScorerSpec, future, keys: list[int], n: int) -> list:
         try:
             res = future.result()
         except FutureTimeout:
@@ -114,12 +154,12 @@ class ScoringStage:
         except Exception as e:  # noqa: BLE001 - a scorer (or its worker) may fail in any way
             res = f"{type(e).__name__}: {e}"
         if isinstance(res, str):
-            self.token_failed += 1
+            self.token_failed += len(keys)
             if self.token_failed <= 5 or self.token_failed % 100 == 0:
-                log.warning("the %s scorer failed on a group: %s (%d failures so far)", spec.name, res,
-                            self.token_failed)
-        else:
-            self.token_busy_s[spec.name] += float(res.metrics.get("time_s", 0.0))
+                log.warning("the %s scorer failed on %d group(s): %s (%d failures so far)", spec.name,
+                            len(keys), res, self.token_failed)
+            return [res] * len(keys)
+        self.token_busy_s[spec.name] += sum(float(r.metrics.get("time_s", 0.0)) for r in res)
         return res
 
     # The outcome pool's counters, for the callers that read them.
@@ -137,9 +177,9 @@ class ScoringStage:
 
     def close(self) -> None:
         self.outcome.close()
-        for pool in self._pools:
-            pool.stop()
-            pool.join(timeout=5)
+        for tw in self._token:
+            tw.pool.stop()
+            tw.pool.join(timeout=5)
 
 
 def check_token_scorers(cfg, student_model: str) -> list[TokenScorerSpec]:

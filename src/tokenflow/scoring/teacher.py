@@ -93,19 +93,31 @@ class TeacherScorer:
         self.engine = Engine(model, EngineConfig(device=device, threads=threads, dtype="float32"))
 
     def score(self, prompt: str, samples: list[SampleView], example: dict) -> TokenScores:
+        return self.score_many([(prompt, samples, example)])[0]
+
+    def score_many(self, jobs: list[tuple[str, list[SampleView], dict]]) -> list[TokenScores]:
+        """Several groups in one prefill; each group's share of the time is its share of samples."""
         start = time.perf_counter()
-        live = [i for i, s in enumerate(samples) if len(s.completion_ids)]
-        seqs = [np.concatenate([samples[i].prompt_ids, samples[i].completion_ids]).tolist() for i in live]
-        teacher = prefill_logprobs(self.engine, seqs, [len(samples[i].prompt_ids) for i in live],
-                                   [samples[i].temperature for i in live]) if live else []
-        rewards = [np.zeros(len(s.completion_ids), dtype=np.float32) for s in samples]
-        kl_sum, tokens = 0.0, 0
-        for i, lp_teacher in zip(live, teacher):
-            s = samples[i]
-            mask = s.loss_mask > 0
-            diff = np.where(mask, lp_teacher - s.behaviour.astype(np.float64), 0.0)
-            rewards[i] = diff.astype(np.float32)
-            kl_sum -= float(diff.sum())
-            tokens += int(mask.sum())
-        return TokenScores(rewards, {"reverse_kl": kl_sum / max(tokens, 1),
-                                     "time_s": time.perf_counter() - start})
+        flat = [s for _, samples, _ in jobs for s in samples]
+        live = [i for i, s in enumerate(flat) if len(s.completion_ids)]
+        seqs = [np.concatenate([flat[i].prompt_ids, flat[i].completion_ids]).tolist() for i in live]
+        teacher = dict(zip(live, prefill_logprobs(self.engine, seqs, [len(flat[i].prompt_ids) for i in live],
+                                                  [flat[i].temperature for i in live]) if live else []))
+        elapsed = time.perf_counter() - start
+        out, offset = [], 0
+        for _, samples, _ in jobs:
+            rewards = [np.zeros(len(s.completion_ids), dtype=np.float32) for s in samples]
+            kl_sum, tokens = 0.0, 0
+            for k, s in enumerate(samples):
+                lp_teacher = teacher.get(offset + k)
+                if lp_teacher is None:
+                    continue
+                mask = s.loss_mask > 0
+                diff = np.where(mask, lp_teacher - s.behaviour.astype(np.float64), 0.0)
+                rewards[k] = diff.astype(np.float32)
+                kl_sum -= float(diff.sum())
+                tokens += int(mask.sum())
+            offset += len(samples)
+            out.append(TokenScores(rewards, {"reverse_kl": kl_sum / max(tokens, 1),
+                                             "time_s": elapsed * len(samples) / max(len(flat), 1)}))
+        return out
