@@ -325,6 +325,8 @@ class Orchestrator:
         try:
             self.progress.status("starting workers")
             self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
+            if hasattr(self.scorer, "ready"):  # token scorers (a teacher) load their models first
+                self.wait_for(self.scorer.ready, "the token scorers to load", 600)
             if self.baseline_accuracy is None:
                 self.progress.status("evaluating the starting model")
                 self.baseline_accuracy = self.evaluate()

@@ -41,6 +41,11 @@ def _init_token_worker(spec: TokenScorerSpec, trace_dir: str | None = None) -> N
     _scorer = build_token_scorer(spec)
 
 
+def _ready() -> bool:
+    """A no-op task: done once the worker has started and built its scorer."""
+    return _scorer is not None
+
+
 def _score_tokens(jobs: list[tuple[str, list[SampleView], dict]]) -> list:
     """Score several groups in one call: batched (one forward pass) where the scorer can."""
     with trace.span(f"scorer/{_scorer.name}", groups=len(jobs), n=sum(len(j[1]) for j in jobs)):
@@ -88,6 +93,8 @@ class ScoringStage:
         self._token = [_TokenWorkers(spec, ProcessPool(max_workers=workers, initializer=_init_token_worker,
                                                        initargs=(spec, str(tdir) if tdir else None),
                                                        context=mp.get_context("spawn"))) for spec in specs]
+        # Start every worker now (loading a teacher takes a while) rather than on the first group.
+        self._warmups = [(tw.spec, tw.pool.schedule(_ready)) for tw in self._token]
         self._waiting: dict[int, _Entry] = {}
         self._jobs: dict[int, tuple] = {}
         self._keys = itertools.count()
@@ -97,6 +104,13 @@ class ScoringStage:
     @property
     def shape(self) -> str:
         return self.outcome.shape
+
+    def ready(self) -> bool:
+        """Whether every token scorer's worker has loaded its scorer; raises if one failed to."""
+        for spec, f in self._warmups:
+            if f.done() and f.exception() is not None:
+                raise RuntimeError(f"the {spec.name} scorer failed to start: {f.exception()}")
+        return all(f.done() for _, f in self._warmups)
 
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
         key = next(self._keys)
