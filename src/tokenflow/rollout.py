@@ -63,6 +63,10 @@ class Rollout:
     """The prompt's id in its dataset, for exact accounting across resume."""
     reward: float | None = None
     rewards: dict[str, float] = field(default_factory=dict)
+    token_rewards: np.ndarray | None = None
+    """Per-token rewards from token-shaped scorers (teacher, process reward, ...), one per
+    completion token, summed with their weights; they enter the returns as r_t beside the
+    outcome ``reward`` (see ``docs/algorithms.md``). None when no token scorer ran."""
     failed: bool = False
     """The scorer raised or timed out for this rollout; it carries no reward signal."""
     text: str | None = None
@@ -83,7 +87,9 @@ class Rollout:
             self.loss_mask = np.asarray(self.loss_mask, dtype=np.int8).reshape(-1)
         if self.support_logmass is not None:
             self.support_logmass = _f32(self.support_logmass)
-        for name in ("logprobs", "versions", "loss_mask", "support_logmass"):
+        if self.token_rewards is not None:
+            self.token_rewards = _f32(self.token_rewards)
+        for name in ("logprobs", "versions", "loss_mask", "support_logmass", "token_rewards"):
             arr = getattr(self, name)
             if arr is not None and len(arr) != n:
                 raise ValueError(

@@ -203,6 +203,26 @@ def estimate(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     return result
 
 
+def token_level_estimators() -> list[str]:
+    """Estimators that take per-token rewards (their registry entry declares ``token_rewards``)."""
+    return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["token_rewards"]]
+
+
+def _with_scored_token_rewards(rollouts: list[Rollout], live: list[int], token_rewards, cfg: AlgorithmConfig):
+    """``token_rewards`` plus each live rollout's scorer-given ``Rollout.token_rewards``."""
+    scored = [i for i in live if rollouts[i].token_rewards is not None]
+    if not scored:
+        return token_rewards
+    if not ADVANTAGES.props(cfg.advantage)["token_rewards"]:
+        raise ValueError(f'rollouts carry per-token rewards (a token scorer), but algorithm.advantage = '
+                         f'"{cfg.advantage}" uses only the outcome; use one of {", ".join(token_level_estimators())}')
+    out = [np.zeros(r.num_tokens, dtype=np.float64) if token_rewards is None
+           else np.asarray(token_rewards[i], dtype=np.float64) for i, r in enumerate(rollouts)]
+    for i in scored:
+        out[i] = out[i] + rollouts[i].token_rewards.astype(np.float64)
+    return out
+
+
 def compute_advantages(rollouts: list[Rollout], cfg: AlgorithmConfig,
                        values: list[np.ndarray] | None = None,
                        token_rewards: list[np.ndarray] | None = None) -> AdvantageResult:
@@ -211,9 +231,11 @@ def compute_advantages(rollouts: list[Rollout], cfg: AlgorithmConfig,
     Failed rollouts (``failed=True``) take no part: they get all-zero advantages and their group
     is ragged for the others. ``values`` (GAE) holds V(s_t) per completion token per rollout;
     ``token_rewards`` per-token rewards added to the outcome (the KL penalty of
-    ``kl_in_reward``), per completion token per rollout.
+    ``kl_in_reward``), per completion token per rollout; a rollout's own ``token_rewards`` (from
+    token scorers) are added to them.
     """
     live = [i for i, r in enumerate(rollouts) if not r.failed]
+    token_rewards = _with_scored_token_rewards(rollouts, live, token_rewards, cfg)
     for i in live:
         if rollouts[i].reward is None:
             raise ValueError(f"rollout {i} (request {rollouts[i].request_id!r}) has no reward and "

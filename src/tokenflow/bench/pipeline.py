@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-pipeline-<time>)")
     p.add_argument("--async-staleness", type=int, default=None,
                    help="max_staleness of the async run (default: the config's)")
+    p.add_argument("--teacher", default=None,
+                   help="compare two async runs instead, without and with this teacher scorer "
+                        "(scorer.teacher.model; docs/scorers.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run, _allow_overrides=True)
 
@@ -59,6 +62,10 @@ def run(args, overrides: list[str] | None = None) -> int:
     if k == 0:
         print("error: the async run needs max_staleness ≥ 1 (--async-staleness)", file=sys.stderr)
         return 2
+    if args.teacher:
+        from tokenflow.bench.pipeline_teacher import run_with_teacher
+
+        return run_with_teacher(base, out, k, args.teacher, args.json)
     runs = {}
     for name, staleness in (("sync", 0), ("async", k)):
         cfg = base.model_copy(deep=True)

@@ -4,7 +4,8 @@
     prompts_per_step = 16
     max_staleness = 2        # 0 = synchronous
 
-Sections: run, model, task, rollout, sampling, engine, algorithm, trainer, sync, runtime, metrics.
+Sections: run, model, task, scorer, rollout, sampling, engine, algorithm, trainer, sync, runtime,
+metrics.
 ``tokenflow train --help-config`` lists every key with its default and documentation.
 """
 
@@ -19,6 +20,7 @@ from tokenflow.config.sections import (
     SyncConfig, TaskConfig,
 )
 from tokenflow.engine.config import EngineConfig
+from tokenflow.scoring.config import ScorerConfig
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 
 
@@ -29,6 +31,8 @@ class TrainConfig(ConfigModel):
     """The policy to train."""
     task: TaskConfig = Field(default_factory=TaskConfig)
     """Prompts and reward."""
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+    """Token-shaped scorers beside the task's reward: a teacher (distillation), a PRM, a function."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """Batch shape and the staleness budget."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -80,6 +84,14 @@ class TrainConfig(ConfigModel):
         if self.engine.backend == "vllm" and self.engine.recompute_kv_after_update:
             raise ValueError("engine.recompute_kv_after_update is not supported by engine.backend = 'vllm'; "
                              "use engine.update_mode = 'abort' to restart running samples under new weights")
+        if self.scorer.any_token_scorer:
+            from tokenflow.algorithms.advantages import token_level_estimators
+            from tokenflow.registry import ADVANTAGES
+
+            if not ADVANTAGES.props(self.algorithm.advantage)["token_rewards"]:
+                raise ValueError(
+                    f'the scorer section adds per-token rewards, but algorithm.advantage = '
+                    f'"{self.algorithm.advantage}" uses only the outcome; use one of {", ".join(token_level_estimators())}')
         if self.algorithm.aggregation == "dr_grpo_constant" and self.algorithm.max_completion_tokens is None:
             object.__setattr__(self.algorithm, "max_completion_tokens", self.sampling.max_tokens)
         return self

@@ -139,6 +139,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     from tokenflow.metrics.sinks import build_logger
     from tokenflow.runtime.orchestrator import Orchestrator
     from tokenflow.scoring.pool import ScorerPool
+    from tokenflow.scoring.stage import build_scoring
 
     engine_model = trainer_model = model
     version, resume_dir, resume_state = 0, None, None
@@ -167,6 +168,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         scorer = RayScorerPool(task.reward_spec, cfg)
     else:
         scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+    scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume_state is not None else None)
     backend = None

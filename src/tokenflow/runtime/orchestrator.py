@@ -342,7 +342,7 @@ class Orchestrator:
                     if gid not in submitted:
                         submitted.add(gid)
                         p = prompts[-gid - 1]
-                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid)
+                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid, kind="eval")
                 return all(v is not None for v in self.eval_scored.values())
 
             self.wait_for(all_scored, "the held-out evaluation")
@@ -365,6 +365,8 @@ class Orchestrator:
         try:
             self.progress.status("starting workers")
             self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
+            if hasattr(self.scorer, "ready"):  # token scorers (a teacher) load their models first
+                self.wait_for(self.scorer.ready, "the token scorers to load", 600)
             if self.baseline_accuracy is None:
                 self.progress.status("evaluating the starting model")
                 self.baseline_accuracy = self.evaluate()

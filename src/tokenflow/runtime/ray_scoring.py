@@ -108,7 +108,11 @@ class RayScorerPool(ScorerPool):
     def __init__(self, reward_spec: str, cfg) -> None:
         from tokenflow.runtime.ray_backend import connect
 
+        from tokenflow.scoring.shapes import shape_of
+        from tokenflow.tasks.reward_loading import load_reward_fn
+
         rt = cfg.runtime
+        self.shape = shape_of(load_reward_fn(reward_spec))
         self.timeout_s = rt.score_timeout_s
         self._pool = _RayActorPool(connect(cfg), reward_spec, rt.scorer_workers, rt.ray_scorer_cpus)
         self._pending = []

@@ -198,7 +198,8 @@ class RunDir:
                     "sample_index": r.sample_index, "prompt_ids": r.prompt_ids.tolist(),
                     "completion_ids": r.completion_ids.tolist(), "logprobs": r.logprobs.tolist(),
                     "versions": r.versions.tolist(), "reward": r.reward, "failed": r.failed,
-                    "finish_reason": r.finish_reason, "text": r.text}) + "\n")
+                    "finish_reason": r.finish_reason, "text": r.text,
+                    "token_rewards": None if r.token_rewards is None else r.token_rewards.tolist()}) + "\n")
 
     def truncate_after(self, step: int) -> None:
         """Forget rows logged after ``step`` (work the killed run did past its last checkpoint).

@@ -33,6 +33,12 @@ def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
         for key in scored[0].rewards:
             if key != "reward":
                 m[f"reward/{key}_mean"] = float(np.mean([r.rewards.get(key, 0.0) for r in scored]))
+        # Token scorers' numbers (teacher reverse KL and time, PRM steps), mean over samples.
+        for key in sorted({k for r in scored for k in r.info.get("scorer", {})}):
+            m[f"scorer/{key}"] = float(np.mean([r.info["scorer"][key] for r in scored if key in r.info.get("scorer", {})]))
+        if any(r.token_rewards is not None for r in scored):
+            m["reward/token_sum_mean"] = float(np.mean([r.token_rewards.sum() for r in scored
+                                                        if r.token_rewards is not None]))
     return m
 
 

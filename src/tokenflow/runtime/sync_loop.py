@@ -15,6 +15,8 @@ from tokenflow.evaluation import encode_prompt
 from tokenflow.runtime.seeds import request_seed
 from tokenflow.runtime.step_metrics import batch_metrics
 from tokenflow.scoring.pool import normalise_reward
+from tokenflow.scoring.shapes import normalise_group, shape_of
+from tokenflow.scoring.token_scorers import SampleView, apply_token_scores, build_token_scorer
 
 
 def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
@@ -28,6 +30,11 @@ def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
 
     task = build_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    token_scorers = []
+    if cfg.scorer.any_token_scorer:  # built first: a scorer's engine sets torch's thread count
+        from tokenflow.scoring.stage import check_token_scorers
+
+        token_scorers = [(spec, build_token_scorer(spec)) for spec in check_token_scorers(cfg, model_path)]
     engine = make_engine(model_path, cfg.engine)
     trainer = Trainer(model_path, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
     s, r = cfg.sampling, cfg.rollout
@@ -41,10 +48,16 @@ def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
         params = [dataclasses.replace(base, seed=request_seed(cfg.run.seed, p.id)) for p in prompts]
         groups = engine.generate([encode_prompt(tokenizer, p.text) for p in prompts], params)
         for gid, (p, group) in enumerate(zip(prompts, groups)):
-            for roll in group:
+            if shape_of(task.reward_fn) == "group":
+                outs = normalise_group(task.reward_fn(p.text, [r.text or "" for r in group], p.example), len(group))
+            else:
+                outs = [task.reward_fn(p.text, roll.text or "", p.example) for roll in group]
+            for roll, out in zip(group, outs):
                 roll.group_id, roll.prompt_id = gid, p.id
-                rewards = normalise_reward(task.reward_fn(p.text, roll.text or "", p.example))
+                rewards = normalise_reward(out)
                 roll.rewards, roll.reward = rewards, rewards["reward"]
+            samples = [SampleView.of(r) for r in group]
+            apply_token_scores(group, [(spec, sc.score(p.text, samples, p.example)) for spec, sc in token_scorers])
         metrics = trainer.train_step([roll for g in groups for roll in g])
         metrics.update(batch_metrics(groups))
         engine.update_weights(trainer.named_weights(), trainer.version)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.workers import WorkerDied
+from tokenflow.scoring.shapes import normalise_group, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,17 @@ def _score_one(prompt: str, completion: str, example: dict) -> dict[str, float]:
 
 
 def _score_group(prompt: str, completions: list[str], example: dict) -> list:
-    """Rewards of every completion; an exception becomes its message (that sample fails)."""
+    """Rewards of every completion; an exception becomes its message (that sample fails, or
+    every sample for a per-group scorer)."""
+    if shape_of(_reward_fn) == "group":
+        try:
+            with trace.span("scorer/score_group", n=len(completions)):
+                out = [normalise_reward(r) for r in normalise_group(_reward_fn(prompt, completions, example),
+                                                                     len(completions))]
+        except Exception as e:  # noqa: BLE001 - the user's reward function may raise anything
+            out = [f"{type(e).__name__}: {e}"] * len(completions)
+        trace.flush()
+        return out
     out = []
     for c in completions:
         try:
@@ -103,9 +114,19 @@ class _Pending:
 class ScorerPool:
     """Scores whole groups; ``poll()`` returns the groups whose every sample is done."""
 
+    shape = "sample"
+    """The reward function's shape: "sample" or "group" (a group that runs out of time has no
+    per-sample retry and fails whole)."""
+
     def __init__(self, reward_spec: str, workers: int = 1, timeout_s: float = 10.0) -> None:
         from pebble import ProcessPool
 
+        from tokenflow.tasks.reward_loading import load_reward_fn
+
+        self.shape = shape_of(load_reward_fn(reward_spec))
+        if self.shape == "token":
+            raise ValueError(f"task.reward {reward_spec!r} is a token scorer; name it in scorer.token "
+                             "and give the task an outcome reward (per sample or per group)")
         self.timeout_s = timeout_s
         # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
         tdir = trace.trace_dir()  # scorer processes trace into the run's folder too
@@ -179,7 +200,8 @@ class ScorerPool:
             if not all(f.done() for f in p.futures):
                 still.append(p)
                 continue
-            if not p.per_sample and isinstance(p.futures[0].exception(), FutureTimeout):
+            if not p.per_sample and isinstance(p.futures[0].exception(), FutureTimeout) \
+                    and self.shape == "sample":
                 self._rescore_per_sample(p)
                 still.append(p)
                 continue
@@ -201,6 +223,8 @@ class ScorerPool:
         else:
             try:
                 results = p.futures[0].result()
+            except FutureTimeout:  # a per-group scorer ran out of its n × timeout
+                results = [None] * len(p.group)
             except Exception as e:  # noqa: BLE001 - the group task itself failed (check() caught deaths)
                 results = [f"{type(e).__name__}: {e}"] * len(p.group)
         for r, res in zip(p.group, results):

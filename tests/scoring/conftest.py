@@ -1,0 +1,12 @@
+"""Fixtures for scoring tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    from tokenflow.runtime.launch import resolve_model_path
+
+    return resolve_model_path("default")
