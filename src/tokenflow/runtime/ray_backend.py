@@ -108,6 +108,11 @@ class RayWorker:
         return True
 
     def _died(self, why: str) -> None:
+        if not self.up:
+            # Still down from a death already counted: a probe that fails while Ray restarts the
+            # actor (slow under load) is the same death, not another one.
+            log.debug("the %s actor is still restarting (%s)", self.name, why)
+            return
         if self.restarts >= self.max_restarts:
             raise WorkerDied(f"the {self.name} actor (pid {self.pid}) died: {why}"
                              + (f" (after {self.restarts} restarts)" if self.max_restarts else ""))

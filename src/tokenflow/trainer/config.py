@@ -88,7 +88,8 @@ class TrainerConfig(ConfigModel):
     """Seeds torch (value-head init and any sampling in the trainer process)."""
 
     value_head: bool = False
-    """Train a scalar value head beside the policy (required by algorithm.advantage = "gae")."""
+    """Train a scalar value head beside the policy (required by an estimator that needs values,
+    such as algorithm.advantage = "gae")."""
 
     value_lr: float | None = Field(default=None, ge=0)
     """Learning rate of the value head; None uses lr."""
