@@ -71,6 +71,8 @@ def wrong_value(ann) -> str:
         return "[1, 2]"
     if typing.get_origin(base) in (list, tuple):
         return "3"
+    if base is dict or typing.get_origin(base) is dict:  # free-form tables (engine.vllm_options)
+        return "3"
     return "{x = 1}"
 
 

@@ -163,4 +163,6 @@ def toml_value(value: Any) -> str:
     plain = TypeAdapter(type(value)).dump_python(value, mode="json")
     if isinstance(plain, list):  # inline, on one line (tomli_w writes one element a line)
         return "[" + ", ".join(toml_value(v) for v in plain) + "]"
+    if isinstance(plain, dict):  # an inline table (tomli_w writes a table as its own section)
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in plain.items()) + "}"
     return tomli_w.dumps({"v": plain}).split("=", 1)[1].strip()
