@@ -4,7 +4,6 @@ says so and changes nothing."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
