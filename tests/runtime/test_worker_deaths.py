@@ -4,7 +4,6 @@ says so and changes nothing."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -76,3 +75,28 @@ def test_a_crash_before_the_first_checkpoint_advises_a_resume_that_works(tmp_pat
     assert proc.wait(timeout=120) == 0
     assert "already finished (1 steps); nothing to do" in (tmp_path / "finished.log").read_text()
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
+
+
+EXIT_AFTER_DEAD_READER = """
+import os, signal, sys, time
+from types import SimpleNamespace
+from tokenflow.runtime.local import LocalBackend
+from tokenflow.runtime.workers import WorkerHandle
+w = WorkerHandle("trainer", time.sleep, (60,)).start()
+os.kill(w.pid, signal.SIGKILL)
+w.process.join()
+w.send(b"x" * (4 << 20))  # a batch bigger than the pipe holds: the queue's feeder blocks on it
+time.sleep(0.5)
+LocalBackend.shutdown(SimpleNamespace(engines=[], trainer_ranks=[w], all_workers=[w]))
+print("exiting", flush=True)
+"""
+
+
+def test_a_batch_stuck_in_a_dead_workers_pipe_does_not_hang_the_exit(tmp_path):
+    """The hang seen when the trainer was killed: the interpreter joins the queue's feeder thread
+    at exit, and that thread is blocked writing into a pipe nobody will read again."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", EXIT_AFTER_DEAD_READER], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "exiting" in r.stdout, r.stderr
