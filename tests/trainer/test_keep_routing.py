@@ -152,6 +152,11 @@ def test_refusals_name_the_problem():
                 routed_experts=np.zeros((4, 3, 2), dtype=np.uint8))  # 3 sparse layers: another model
     with pytest.raises(ValueError, match="another model"):
         trainer.logprobs([r])
+    other = moe_hf_model("qwen3_moe", seed=1)
+    router = find_routers(other)[0]
+    router.__class__ = type("SigmoidGroupedRouter", (type(router),), {})  # a family scoring otherwise
+    with pytest.raises(ValueError, match="cannot replay SigmoidGroupedRouter"):
+        Trainer(other, TrainerConfig(device="cpu", keep_routing=True), AlgorithmConfig())
     with pytest.raises(ValueError, match="one row per input token"):
         Rollout(prompt_ids=[5, 6, 7], completion_ids=[8, 9], logprobs=np.zeros(2), versions=np.zeros(2),
                 routed_experts=np.zeros((5, 2, 2), dtype=np.uint8))

@@ -34,6 +34,11 @@ from contextlib import contextmanager
 import torch
 
 
+# transformers routers that score by softmax → top-k → optional renormalisation (the replay's
+# arithmetic); other families (sigmoid scoring, grouped top-k, bias-corrected selection) are refused.
+SOFTMAX_TOPK_ROUTERS = ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "MixtralTopKRouter", "OlmoeTopKRouter")
+
+
 def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The router of every sparse layer, in layer order (the engine records in that order)."""
     return [m.gate for m in model.modules()
@@ -46,6 +51,10 @@ class RoutingReplay:
     def __init__(self, model: torch.nn.Module, replay: bool) -> None:
         self.routers = find_routers(model)
         self.replay = replay
+        other = sorted({type(r).__name__ for r in self.routers} - set(SOFTMAX_TOPK_ROUTERS))
+        if replay and other:
+            raise ValueError(f"trainer.keep_routing cannot replay {', '.join(other)}: it supports the softmax "
+                             f"top-k routers of {', '.join(SOFTMAX_TOPK_ROUTERS)}; set keep_routing = false")
         self.top_k = self.routers[0].top_k if self.routers else 0
         self._plan: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counted: set[int] = set()
