@@ -133,10 +133,12 @@ def test_every_update_mode_trains_whole_groups(tmp_path, mode):
         assert aborted == 0
     if mode == "blocking":
         # Generation and training take turns. The orchestrator sends the pause before the step,
-        # so the engine can begin at most one forward pass before the pause reaches it (the
-        # two messages travel to different processes); more means it generated during training.
+        # but the two messages travel to different processes, so the engine may begin a few
+        # passes before the pause reaches it (6 once in step 1 at load 9, 0 in every other step
+        # seen). Generating through training starts 10–20 per step (measured with the pause
+        # removed): allow 2 per step on average.
         started = engine_passes_started_in_trainer_steps(run)
-        assert len(started) == 5 and max(started) <= 1, started
+        assert len(started) == 5 and sum(started) <= 2 * len(started), started
 
 
 def test_two_engines_over_a_striped_broadcast(tmp_path):
