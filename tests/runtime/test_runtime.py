@@ -111,6 +111,7 @@ def test_every_update_mode_trains_whole_groups(tmp_path, mode):
     # (the swap must do something in every mode, abort included).
     cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "5", "--engine.update_mode", mode,
                        "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+                       "--sampling.temperature", "2.0",  # rarely an early end-of-sequence: long samples
                        "--run.checkpoint_every", "0", "--run.save_rollouts", "true", "--metrics.trace", "true")
     summary = train(cfg, run)
     assert summary["steps"] == 5 and summary["update_mode"] == mode
