@@ -109,11 +109,12 @@ def test_every_update_mode_trains_whole_groups(tmp_path, mode):
     # Small steps (2 prompts × 2 samples) and a staleness of 2: the trainer's step is shorter than
     # the engine's generation of the groups ahead, so weights arrive while samples are running
     # (the swap must do something in every mode, abort included).
-    cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "5", "--engine.update_mode", mode,
+    cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "8", "--engine.update_mode", mode,
                        "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+                       "--sampling.temperature", "2.0",  # rarely an early end-of-sequence: long samples
                        "--run.checkpoint_every", "0", "--run.save_rollouts", "true", "--metrics.trace", "true")
     summary = train(cfg, run)
-    assert summary["steps"] == 5 and summary["update_mode"] == mode
+    assert summary["steps"] == 8 and summary["update_mode"] == mode
     rows = step_rows(run)
     assert all(r["rollout/count"] == 4 for r in rows)
     spanning = 0  # rollouts whose tokens come from more than one policy version
@@ -133,10 +134,12 @@ def test_every_update_mode_trains_whole_groups(tmp_path, mode):
         assert aborted == 0
     if mode == "blocking":
         # Generation and training take turns. The orchestrator sends the pause before the step,
-        # so the engine can begin at most one forward pass before the pause reaches it (the
-        # two messages travel to different processes); more means it generated during training.
+        # but the two messages travel to different processes, so the engine may begin a few
+        # passes before the pause reaches it (6 once in step 1 at load 9, 0 in every other step
+        # seen). Generating through training starts 10–20 per step (measured with the pause
+        # removed): allow 2 per step on average.
         started = engine_passes_started_in_trainer_steps(run)
-        assert len(started) == 5 and max(started) <= 1, started
+        assert len(started) == 8 and sum(started) <= 2 * len(started), started
 
 
 def test_two_engines_over_a_striped_broadcast(tmp_path):

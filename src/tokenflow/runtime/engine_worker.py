@@ -156,10 +156,10 @@ class EngineWorker:
             mode = "inflight" if self.mode == "blocking" else self.mode
             report = self.engine.update_weights(self.receiver.tensors(), msg.version, mode=mode,
                                                 checksum=msg.checksum)
-        # Samples an abort-mode swap stopped (each is resubmitted from its prefix by collect()).
-        self.aborted = int(report.get("aborted", 0)) if isinstance(report, dict) else 0
         # The pause: decoding stops only for this call (a drain's swap happens later, in step()).
         self.pauses.append(time.perf_counter() - t0)
+        # Samples an abort-mode swap stopped (each is resubmitted from its prefix by collect()).
+        self.aborted = int(report.get("aborted", 0)) if isinstance(report, dict) else 0
         self.loading = msg
         self.load_started = t0
         if self.engine.version >= msg.version:

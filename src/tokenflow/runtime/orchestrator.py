@@ -176,10 +176,7 @@ class Orchestrator:
             self.engine_versions[worker] = msg.version
             self.buffer.set_engine_version(min(self.engine_versions.values()))
             self.sync_timings.append(msg.timings)
-            # Not while a step runs: a load that lands after the next step was dispatched would
-            # otherwise unpause generation during training.
-            if self.blocking and not self.trainer_busy and min(self.engine_versions.values()) >= self.step:
-                self.backend.broadcast(M.SetPaused(False))
+            self._maybe_unpause()
         elif isinstance(msg, M.EngineStatus):
             self.engine_totals.update(worker, msg)
             self.calibration.engine_status(msg)
@@ -262,6 +259,14 @@ class Orchestrator:
         self.last_msg_from[self.backend.trainer.name] = time.monotonic()
         self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
 
+    def _maybe_unpause(self) -> None:
+        """Blocking mode: resume generation once the trainer is idle and the engines hold the
+        latest weights. Checked when a load lands and when a step ends, since either may come
+        first; never while a step runs (a load landing after the next dispatch would otherwise
+        let the engine generate during training)."""
+        if self.blocking and not self.trainer_busy and min(self.engine_versions.values()) >= self.step:
+            self.backend.broadcast(M.SetPaused(False))
+
     def _on_trained(self, msg: M.Trained) -> None:
         self.step = msg.step
         self.trainer_busy = False
@@ -283,7 +288,9 @@ class Orchestrator:
                         "policy/version": float(msg.version)})
         self.last_step_wall = wall
         if self.blocking and not (msg.step % self.cfg.sync.every == 0 or msg.step == self.cfg.run.steps):
-            self.backend.broadcast(M.SetPaused(False))
+            self.backend.broadcast(M.SetPaused(False))  # no push this step: nothing to wait for
+        else:
+            self._maybe_unpause()  # the engines may have loaded this step's push before we read it
         self.logger.log(self.step, metrics)
         self.signal.observe(self.step, metrics)
         self.ledger.write(f'{{"step": {self.step}, "prompt_ids": {prompt_ids}}}\n')
