@@ -22,7 +22,7 @@ def tokenflow(*args: str, cwd=None, timeout: float = 300) -> subprocess.Complete
 def flatten(tree: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in tree.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:  # a section; an empty table is a key's value ({})
             out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v

@@ -70,8 +70,10 @@ def test_a_toml_file_trains_with_the_plugins_estimator_task_and_scorer(plugin_si
     proc = run(["-m", "tokenflow.cli.main", "train", str(EXAMPLE), "--output-dir", str(out), *SMALL,
                 "--run.steps", "3", "--run.save_rollouts", "true"], plugin_site)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    # The estimator ran in the trainer process, once per step, on the step's 16 sequences.
-    assert len(re.findall(r"trainer INFO median_baseline: advantages for 16 sequences", proc.stderr)) == 3
+    # The estimator ran once per step, on the step's 16 sequences (in the trainer process, whose
+    # log records the parent prints).
+    assert len(re.findall(r"INFO tokenflow_example_plugin: median_baseline: advantages for 16 sequences",
+                          proc.stderr)) == 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
     resolved = (out / "config.toml").read_text()

@@ -105,6 +105,14 @@ class ScoringStage:
     def shape(self) -> str:
         return self.outcome.shape
 
+    def worker_pids(self) -> list[int]:
+        """The outcome pool's worker pids and the token scorers' (for the run's workers.json)."""
+        pids = list(self.outcome.worker_pids())
+        for tw in self._token:
+            manager = getattr(tw.pool, "_pool_manager", None)
+            pids += sorted(getattr(getattr(manager, "worker_manager", None), "workers", None) or {})
+        return pids
+
     def ready(self) -> bool:
         """Whether every token scorer's worker has loaded its scorer; raises if one failed to."""
         for spec, f in self._warmups:

@@ -95,11 +95,15 @@ def _enter_namespaces(workdir: str, layers: list[str], notes: list[str]) -> bool
         return False
     if uid != 0:
         # Map ourselves to root of the new user namespace: it grants mount rights inside it
-        # and nothing outside it.
-        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
-                f.write(text)
-        layers.append("user_namespace")
+        # and nothing outside it. A kernel that confines unprivileged user namespaces (AppArmor)
+        # refuses this; the network and pid namespaces still hold then.
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+                with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                    f.write(text)
+            layers.append("user_namespace")
+        except OSError as e:
+            notes.append(f"user namespace mapping refused: {e}")
     layers += ["network_namespace", "pid_namespace"]
     try:
         refused = _read_only_except(workdir)
