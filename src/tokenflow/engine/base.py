@@ -101,3 +101,27 @@ class RolloutEngine(Protocol):
         """Called once when the worker stops: release what the backend holds (threads, memory)."""
         ...
 
+
+
+def collect_samples(engine, index: dict[str, int], num_samples: int) -> tuple[list[list[Rollout]], list[Rollout]]:
+    """The loop behind a blocking ``generate``: step ``engine`` until the ``num_samples`` samples
+    of the requests in ``index`` (request id -> prompt position) are back. Returns them per prompt,
+    ordered by sample index, and the other callers' rollouts that finished meanwhile (for the
+    engine to hand out at its next `step`). The engine's lock is taken per step, not for the
+    loop, so a weight update from another thread still lands between two steps."""
+    import time
+
+    results: list[list[Rollout]] = [[] for _ in range(len(set(index.values())))]
+    others: list[Rollout] = []
+    while num_samples:
+        finished = engine.step()
+        if not finished and engine._paused:
+            time.sleep(0.01)  # paused from another thread: wait for resume() without spinning
+        for rollout in finished:
+            i = index.get(rollout.request_id)
+            if i is None:
+                others.append(rollout)
+            else:
+                results[i].append(rollout)
+                num_samples -= 1
+    return [sorted(r, key=lambda x: x.sample_index) for r in results], others

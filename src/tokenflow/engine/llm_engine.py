@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from tokenflow.engine.base import collect_samples
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.loader import (
@@ -177,23 +178,10 @@ class Engine:
         # The lock is taken per step, not for the whole loop, so a weight update from another
         # thread still lands between two steps.
         index = {g.request_id: i for i, g in enumerate(groups)}
-        results: list[list[Rollout]] = [[] for _ in prompts]
-        others: list[Rollout] = []
-        remaining = sum(g.n for g in groups)
-        while remaining:
-            finished = self.step()
-            if not finished and self._paused:
-                time.sleep(0.01)  # paused from another thread: wait for resume() without spinning
-            for rollout in finished:
-                i = index.get(rollout.request_id)
-                if i is None:
-                    others.append(rollout)
-                else:
-                    results[i].append(rollout)
-                    remaining -= 1
+        results, others = collect_samples(self, index, sum(g.n for g in groups))
         with self._lock:
             self._outbox = others + self._outbox
-        return [sorted(r, key=lambda x: x.sample_index) for r in results]
+        return results
 
     def stream(self) -> Iterator[Rollout]:
         """Step until nothing is left, yielding rollouts as they finish."""

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenflow.engine.base import collect_samples
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
 from tokenflow.engine.request import RequestLimits, derive_seed, make_group
@@ -226,24 +227,10 @@ class VLLMEngine:
             ids = [f"gen-{self._counter}-{i}" for i in range(len(prompts))]
             for i, (prompt, p) in enumerate(zip(prompts, plist)):
                 self.add_request(prompt, p, request_id=ids[i])
-        index = {rid: i for i, rid in enumerate(ids)}
-        results: list[list[Rollout]] = [[] for _ in prompts]
-        others: list[Rollout] = []
-        remaining = sum(p.n for p in plist)
-        while remaining:
-            finished = self.step()
-            if not finished and self._paused:
-                time.sleep(0.01)
-            for r in finished:
-                i = index.get(r.request_id)
-                if i is None:
-                    others.append(r)
-                else:
-                    results[i].append(r)
-                    remaining -= 1
+        results, others = collect_samples(self, {rid: i for i, rid in enumerate(ids)}, sum(p.n for p in plist))
         with self._lock:
             self._outbox = others + self._outbox
-        return [sorted(r, key=lambda x: x.sample_index) for r in results]
+        return results
 
     # -- the step -----------------------------------------------------------------------------
 
