@@ -87,7 +87,8 @@ os.kill(w.pid, signal.SIGKILL)
 w.process.join()
 w.send(b"x" * (4 << 20))  # a batch bigger than the pipe holds: the queue's feeder blocks on it
 time.sleep(0.5)
-LocalBackend.shutdown(SimpleNamespace(engines=[], trainer_ranks=[w], all_workers=[w]))
+LocalBackend.shutdown(SimpleNamespace(engines=[], trainer_ranks=[w], all_workers=[w],
+                                     logs=SimpleNamespace(stop=lambda: None)))  # no log forwarding here
 print("exiting", flush=True)
 """
 

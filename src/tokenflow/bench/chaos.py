@@ -141,12 +141,14 @@ def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log
         rec["moment"] = "start-up"
         _wait(lambda: False, rng.uniform(0.0, 3.0), proc)
     else:  # some way into a step: generating, scoring, training, syncing or checkpointing
-        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 1)
+        # A worker killed after the last training step may not be needed any more (the run can
+        # end without it), so worker kills aim at least two steps before the end.
+        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 1 if kind == "tree" else steps - 2)
         rec["moment"] = f"step {target}+"
         _wait(lambda: _steps_done(run_dir) >= target, 900, proc)
         _wait(lambda: False, rng.uniform(0.0, 1.5), proc)
-    if proc.poll() is not None:
-        return {**rec, **_ended_by_itself(proc, log_path)}
+    if proc.poll() is not None or (kind != "tree" and _steps_done(run_dir) >= steps):
+        return {**rec, **_ended_by_itself(proc, log_path)}  # too late for this kill: not counted
     rec["step_at_kill"] = _steps_done(run_dir)
     pids = dict(workers, **(_workers(proc, run_dir) or {}))
     if kind == "tree":

@@ -82,10 +82,10 @@ class LocalBackend:
                 w.send(Shutdown())
         for w in [*self.engines, *self.trainer_ranks]:
             w.stop(timeout=20)
-        self.logs.stop()
         # Every worker is gone now. A queue's feeder thread may still be blocked writing into
         # the pipe of one that died (a batch for a killed trainer); the interpreter would join
         # it at exit and hang for ever. What it holds has no reader left: drop it.
         for q in {id(w.cmd_q): w.cmd_q for w in [*self.engines, *self.trainer_ranks]}.values():
             q.cancel_join_thread()
             q.close()
+        self.logs.stop()
