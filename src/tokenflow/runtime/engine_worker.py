@@ -61,6 +61,7 @@ class EngineWorker:
         self.decode_samples: list[tuple[int, float]] = []
         self.prefill_samples: list[tuple[int, float]] = []
         self.last_status = 0.0
+        self._reported_tokens = 0
         self.running = True
         self.parent = ParentWatch()
 
@@ -211,6 +212,7 @@ class EngineWorker:
             return
         self.last_status = now
         s = self.engine.stats
+        self._reported_tokens = s.tokens_generated
         self.out_q.put(Envelope(self.name, EngineStatus(
             version=self.engine.version, busy_s=self.busy_s, wall_s=now - self.t_start,
             tokens=s.tokens_generated, decode_steps=s.decode_steps, decode_s=s.decode_seconds,
@@ -234,7 +236,10 @@ class EngineWorker:
                 self.maybe_load_weights()
             if self.can_step():
                 self.step()
-            self.send_status()
+            # When work runs out, report at once rather than up to a second later: what the
+            # parent sums at the end of a run (tokens, busy time) must include the last tokens.
+            self.send_status(force=not self.engine.has_unfinished()
+                             and self.engine.stats.tokens_generated != self._reported_tokens)
             if self.parent.orphaned():
                 log.warning("%s: the orchestrator is gone; exiting", self.name)
                 break
