@@ -32,14 +32,11 @@ def quiet_third_party_progress() -> None:
     """Silence transformers' and huggingface_hub's tqdm bars ("Loading weights", "Writing model
     shards"): in a worker they would print through the parent's progress view."""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    try:
-        import huggingface_hub.utils
-        import transformers.utils.logging
+    import huggingface_hub.utils
+    import transformers.utils.logging
 
-        huggingface_hub.utils.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - both are dependencies
-        pass
+    huggingface_hub.utils.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def worker_main(name: str, out_q, body) -> None:

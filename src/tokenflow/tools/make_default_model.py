@@ -154,15 +154,21 @@ def main(argv: list[str] | None = None) -> int:
             history.append({"step": step, "loss": float(loss.item()), "eval_accuracy": acc})
             log.info("step %d held-out greedy accuracy %.3f", step, acc)
     model.config.architectures = ["LlamaForCausalLM"]
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
-    meta = {"task": "arithmetic", "preset": args.preset, "hidden": args.hidden, "layers": args.layers, "slip": args.slip, "seed": args.seed, "steps": args.steps,
-            "batch": args.batch, "lr": args.lr, "parameters": n_params,
-            "eval_accuracy": history[-1]["eval_accuracy"], "history": history,
-            "train_seconds": round(time.time() - t0, 1)}
-    (args.out / "warm_start.json").write_text(json.dumps(meta, indent=2))
-    log.info("wrote %s (held-out greedy accuracy %.3f)", args.out, meta["eval_accuracy"])
+    save_warm_started(model, tokenizer, args.out, history, t0, {
+        "task": "arithmetic", "preset": args.preset, "hidden": args.hidden, "layers": args.layers,
+        "slip": args.slip, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "parameters": n_params})
     return 0
+
+
+def save_warm_started(model, tokenizer, out, history: list[dict], t0: float, how: dict) -> None:
+    """The model folder, plus ``warm_start.json``: how it was made and its held-out accuracy."""
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    meta = {**how, "eval_accuracy": history[-1]["eval_accuracy"], "history": history,
+            "train_seconds": round(time.time() - t0, 1)}
+    (out / "warm_start.json").write_text(json.dumps(meta, indent=2))
+    log.info("wrote %s (held-out greedy accuracy %.3f)", out, meta["eval_accuracy"])
 
 
 if __name__ == "__main__":

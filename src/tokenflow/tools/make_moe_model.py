@@ -18,7 +18,6 @@ own precision (float32 on the CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflow.evaluation import greedy_accuracy
     from tokenflow.runtime.launch import default_model_path
     from tokenflow.tasks.arithmetic import ArithmeticTask
-    from tokenflow.tools.make_default_model import sft_batch
+    from tokenflow.tools.make_default_model import save_warm_started, sft_batch
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -122,15 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         moe.eval()
         history.append({"step": args.sft_steps, "eval_accuracy": greedy_accuracy(moe, tokenizer, eval_task)})
         log.info("after %d SFT steps: held-out greedy accuracy %.3f", args.sft_steps, history[-1]["eval_accuracy"])
-    moe.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
-    meta = {"task": "arithmetic", "upcycled_from": "default_model" if args.dense is None else str(args.dense),
-            "family": "mixtral", "experts": args.experts, "top_k": args.top_k, "expert_noise": args.expert_noise,
-            "router_std": args.router_std, "sft_steps": args.sft_steps, "lr": args.lr, "seed": args.seed,
-            "parameters": n_params, "eval_accuracy": history[-1]["eval_accuracy"], "history": history,
-            "train_seconds": round(time.time() - t0, 1)}
-    (args.out / "warm_start.json").write_text(json.dumps(meta, indent=2))
-    log.info("wrote %s (held-out greedy accuracy %.3f)", args.out, meta["eval_accuracy"])
+    save_warm_started(moe.to(torch.bfloat16), tokenizer, args.out, history, t0, {
+        "task": "arithmetic", "upcycled_from": "default_model" if args.dense is None else str(args.dense),
+        "family": "mixtral", "experts": args.experts, "top_k": args.top_k, "expert_noise": args.expert_noise,
+        "router_std": args.router_std, "sft_steps": args.sft_steps, "lr": args.lr, "seed": args.seed,
+        "parameters": n_params})
     return 0
 
 

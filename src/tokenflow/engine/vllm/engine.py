@@ -26,14 +26,12 @@ by reference; see `tokenflow.engine.vllm.weight_load`.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from tokenflow.engine.base import collect_samples
 from tokenflow.engine.config import EngineConfig
@@ -41,6 +39,7 @@ from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
 from tokenflow.engine.request import RequestLimits, derive_seed, make_group
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
+from tokenflow.engine.vllm.sample import Sample, checkpoint_shapes
 from tokenflow.engine.weights import IGNORED_SUFFIXES, NamedTensors, as_dict, check_weights, weights_checksum
 from tokenflow.metrics.trace import record
 from tokenflow.rollout import Rollout
@@ -53,37 +52,6 @@ _SEED_MASK = (1 << 63) - 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-@dataclass(eq=False)
-class _Sample:
-    """One sample of one request, as vLLM runs it (a resumed sample continues a partial)."""
-
-    request_id: str
-    sample_index: int
-    group_id: int
-    prompt_id: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    seed: int
-    prefix: Rollout | None = None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    vllm_id: str = ""
-
-    def rollout(self, finish_reason: str, text: str | None) -> Rollout:
-        new = Rollout(prompt_ids=np.asarray(self.prompt_ids, dtype=np.int32),
-                      completion_ids=np.asarray(self.tokens, dtype=np.int32),
-                      logprobs=np.asarray(self.logprobs, dtype=np.float32),
-                      versions=np.asarray(self.versions, dtype=np.int32),
-                      finish_reason=finish_reason, temperature=self.params.temperature,
-                      support_logmass=np.zeros(len(self.tokens), dtype=np.float32),
-                      request_id=self.request_id, sample_index=self.sample_index,
-                      group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed})
-        out = self.prefix.extend(new) if self.prefix is not None else new
-        out.text = text
-        return out
-
-
 class VLLMEngine:
     """A `RolloutEngine` backed by vLLM (``engine.backend = "vllm"``)."""
 
@@ -92,10 +60,8 @@ class VLLMEngine:
         # vLLM's own handler writes to stdout, where `--json` output goes; its records go
         # through the host's logging instead (stderr, the run's level and live view).
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise ImportError(f"{INSTALL_HINT} ({e})") from None
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(f"{INSTALL_HINT} (no module named 'vllm')")
         import torch
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -119,7 +85,7 @@ class VLLMEngine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(t for t in eos if 0 <= t < self.vocab_size)
-        self._expected, self._optional = _checkpoint_shapes(folder, hf_config)
+        self._expected, self._optional = checkpoint_shapes(folder, hf_config)
         self._weight_path = "reload"
         kwargs = dict(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=self.tokenizer is None,
                       dtype=dtype, seed=config.seed,
@@ -156,8 +122,8 @@ class VLLMEngine:
         self._lock = threading.RLock()
         self._paused = False
         self._counter = 0
-        self._live: dict[str, _Sample] = {}  # vLLM request id -> sample, submitted to vLLM
-        self._held: list[_Sample] = []  # not yet submitted (a drain is pending)
+        self._live: dict[str, Sample] = {}  # vLLM request id -> sample, submitted to vLLM
+        self._held: list[Sample] = []  # not yet submitted (a drain is pending)
         self._outbox: list[Rollout] = []
         self._pending: tuple[dict, int] | None = None  # a drain's staged update
         self._folder = folder
@@ -189,7 +155,7 @@ class VLLMEngine:
                                      "running or waiting")
             self._counter += 1
             for seq in group.seqs:
-                sample = _Sample(seq.request_id, seq.sample_index, seq.group_id, seq.prompt_id,
+                sample = Sample(seq.request_id, seq.sample_index, seq.group_id, seq.prompt_id,
                                  seq.prompt_ids, params, seq.seed, seq.prefix)
                 if self._pending is not None:
                     self._held.append(sample)  # drain: nothing new starts before the swap
@@ -197,7 +163,7 @@ class VLLMEngine:
                     self._submit(sample)
             return group.request_id
 
-    def _submit(self, sample: _Sample) -> None:
+    def _submit(self, sample: Sample) -> None:
         from vllm import SamplingParams as VParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -272,7 +238,7 @@ class VLLMEngine:
             self._maybe_finish_drain()
             return out + finished
 
-    def _finish(self, sample: _Sample, reason: str) -> Rollout:
+    def _finish(self, sample: Sample, reason: str) -> Rollout:
         if self.tokenizer is None:
             return sample.rollout(reason, None)
         full = (sample.prefix.completion_ids.tolist() if sample.prefix is not None else []) + sample.tokens
@@ -303,7 +269,7 @@ class VLLMEngine:
         with self._lock:
             return len(self._abort(lambda s: s.request_id == request_id))
 
-    def _abort(self, which, requeue_unstarted: bool = False) -> list[_Sample]:
+    def _abort(self, which, requeue_unstarted: bool = False) -> list[Sample]:
         """Stop the matching samples: they come back from the next `step` as partials. With
         ``requeue_unstarted`` (an abort-mode update), samples that have produced no token yet
         are the built-in engine's "waiting" requests: they stay queued and start under the new
@@ -420,24 +386,3 @@ def _vllm_version() -> str:
     import vllm
 
     return getattr(vllm, "__version__", "?")
-
-
-def _checkpoint_shapes(folder: Path, hf_config) -> tuple[dict, dict]:
-    """Names and shapes of the checkpoint's tensors (read from the safetensors headers): what a
-    weight update must carry. A tied ``lm_head.weight`` is optional."""
-    from safetensors import safe_open
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
-    shapes = {}
-    for f in files:
-        with safe_open(str(f), "pt") as fh:
-            for name in fh.keys():
-                if not name.endswith(IGNORED_SUFFIXES):
-                    shapes[name] = tuple(fh.get_slice(name).get_shape())
-    optional = {}
-    if getattr(hf_config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in shapes:
-        optional["lm_head.weight"] = shapes["model.embed_tokens.weight"]
-        shapes.pop("lm_head.weight", None)
-    return shapes, optional

@@ -60,7 +60,7 @@ def _register(factory) -> None:
 
     @dataclass
     class InitInfo:
-        pass
+        """Nothing to exchange at start: the engine core and the tensors share this process."""
 
     @dataclass
     class UpdateInfo:
@@ -74,7 +74,7 @@ def _register(factory) -> None:
         supports_draft_weight_update = False
 
         def init_transfer_engine(self, init_info) -> None:
-            pass
+            """No connection to open: the tensors arrive by reference."""
 
         def start_weight_update(self) -> None:
             initialize_layerwise_reload(self.model)
@@ -93,7 +93,7 @@ def _register(factory) -> None:
             finalize_layerwise_reload(self.model, self.model_config)
 
         def shutdown(self) -> None:
-            pass
+            """Nothing held between updates."""
 
     factory.register_engine(TRANSPORT, InProcessTransfer)
 

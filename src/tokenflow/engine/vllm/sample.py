@@ -1,0 +1,65 @@
+"""One sample as the vLLM backend runs it, and the checkpoint facts a weight update is checked
+against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokenflow.engine.sampling_params import SamplingParams
+from tokenflow.engine.weights import IGNORED_SUFFIXES
+from tokenflow.rollout import Rollout
+
+
+@dataclass(eq=False)
+class Sample:
+    """One sample of one request, as vLLM runs it (a resumed sample continues a partial)."""
+
+    request_id: str
+    sample_index: int
+    group_id: int
+    prompt_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    prefix: Rollout | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    vllm_id: str = ""
+
+    def rollout(self, finish_reason: str, text: str | None) -> Rollout:
+        new = Rollout(prompt_ids=np.asarray(self.prompt_ids, dtype=np.int32),
+                      completion_ids=np.asarray(self.tokens, dtype=np.int32),
+                      logprobs=np.asarray(self.logprobs, dtype=np.float32),
+                      versions=np.asarray(self.versions, dtype=np.int32),
+                      finish_reason=finish_reason, temperature=self.params.temperature,
+                      support_logmass=np.zeros(len(self.tokens), dtype=np.float32),
+                      request_id=self.request_id, sample_index=self.sample_index,
+                      group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed})
+        out = self.prefix.extend(new) if self.prefix is not None else new
+        out.text = text
+        return out
+
+
+def checkpoint_shapes(folder: Path, hf_config) -> tuple[dict, dict]:
+    """Names and shapes of the checkpoint's tensors (read from the safetensors headers): what a
+    weight update must carry. A tied ``lm_head.weight`` is optional."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
+    shapes = {}
+    for f in files:
+        with safe_open(str(f), "pt") as fh:
+            for name in fh.keys():
+                if not name.endswith(IGNORED_SUFFIXES):
+                    shapes[name] = tuple(fh.get_slice(name).get_shape())
+    optional = {}
+    if getattr(hf_config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in shapes:
+        optional["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+        shapes.pop("lm_head.weight", None)
+    return shapes, optional
