@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The engine checks to run the day a GPU is at hand (CUDA, vLLM installed beside tokenflow:
 #   pip install torch -e ".[vllm,test]"):
-#   1. the RolloutEngine conformance suite on CUDA, both backends;
+#   1. the RolloutEngine conformance suite on CUDA, both backends, and the vLLM backend's
+#      routing record (tests/engine/test_vllm_routing.py: its recording cases need vLLM's Model
+#      Runner V2, which a CPU does not get);
 #   2. `tokenflow bench engine --backend builtin,vllm` on a random ~0.5B-parameter Llama
 #      (Qwen2.5-0.5B's shape, random weights built here: nothing is downloaded).
 # Usage: bash scripts/gpu_check.sh [OUT_DIR]     (prints everything; JSON + log in OUT_DIR)
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 python -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0), 'vLLM', vllm.__version__)"
 
 TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider tests/engine/test_conformance.py 2>&1 | tee "$out/conformance.log"
+TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -s -rs -p no:cacheprovider tests/engine/test_vllm_routing.py 2>&1 | tee "$out/vllm_routing.log"
 
 model="$out/random_0p5b"
 python - "$model" <<'PY'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
@@ -15,8 +16,19 @@ _COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "num_attention_heads": 4, "nu
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
-def moe_config(family: str):
+# vLLM's CPU attention needs heads of at least 32 (the configs below use 16 and 24).
+VLLM_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+
+
+def moe_config(family: str, **overrides):
     """A small config per family, each exercising what sets it apart."""
+    cfg = _family_config(family)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _family_config(family: str):
     if family == "qwen3_moe":  # q/k norm; a dense layer in the middle (mlp_only_layers); no top-k renorm
         return Qwen3MoeConfig(**_COMMON, num_hidden_layers=3, head_dim=24, intermediate_size=96,
                               moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
@@ -31,9 +43,37 @@ def moe_config(family: str):
     raise KeyError(family)
 
 
-def moe_hf_model(family: str, seed: int = 0, **kwargs):
+def moe_hf_model(family: str, seed: int = 0, overrides: dict | None = None, **kwargs):
     """transformers' model with every weight re-drawn, routers included (transformers zero-inits
     some routers, which would make every top-k a tie)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(moe_config(family), **kwargs).eval()
+    model = AutoModelForCausalLM.from_config(moe_config(family, **(overrides or {})), **kwargs).eval()
     return randomize(model, seed)
+
+
+@torch.no_grad()
+def router_scores(hf, ids: list[int]) -> np.ndarray:
+    """transformers' router probabilities (float32 softmax) per position and sparse layer,
+    [len(ids), layers, experts]."""
+    out = hf(torch.tensor([ids]), output_router_logits=True)
+    return np.stack([torch.softmax(r.float(), -1).numpy() for r in out.router_logits], axis=1)
+
+
+def hf_routing(hf, ids: list[int]) -> np.ndarray:
+    """transformers' own top-k experts per position and sparse layer, [len(ids), layers, k]."""
+    scores = torch.from_numpy(router_scores(hf, ids))
+    return torch.topk(scores, hf.config.num_experts_per_tok, -1).indices.numpy()
+
+
+def experts_used(trainer, rollout) -> np.ndarray:
+    """The expert ids the trainer's sparse blocks actually computed for each input token of
+    ``rollout`` (whatever routed them: its own routers or a replayed record)."""
+    seen: list[torch.Tensor] = []
+    blocks = [m.experts for m in trainer.model.modules() if hasattr(m, "experts") and hasattr(m, "gate")]
+    handles = [b.register_forward_pre_hook(lambda _m, args: seen.append(args[1].clone())) for b in blocks]
+    try:
+        trainer.logprobs([rollout])
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(seen, dim=1).numpy()

@@ -9,17 +9,8 @@ import pytest
 import torch
 
 from tests.engine.engine_testlib import LogitsRecorder, hf_logits, hf_model, make_engine
-from tests.engine.moe_testlib import MOE_FAMILIES, moe_hf_model
+from tests.engine.moe_testlib import MOE_FAMILIES, hf_routing, moe_hf_model
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
-
-
-@torch.no_grad()
-def hf_routing(hf, ids: list[int]) -> np.ndarray:
-    """transformers' own top-k experts per position and sparse layer, [len(ids), layers, k]."""
-    out = hf(torch.tensor([ids]), output_router_logits=True)
-    k = hf.config.num_experts_per_tok
-    return np.stack([torch.topk(torch.softmax(r.float(), -1), k, -1).indices.numpy()
-                     for r in out.router_logits], axis=1)
 
 
 def prompts(seed: int, lengths=(5, 11, 8)) -> list[list[int]]:

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from tests.engine.engine_testlib import randomize
-from tests.engine.moe_testlib import moe_hf_model
+from tests.engine.moe_testlib import experts_used, moe_hf_model
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.rollout import Rollout
@@ -42,19 +42,6 @@ def engine_rollouts(hf, dtype: str, n_prompts: int = 4, n: int = 4, max_tokens: 
     for i, r in enumerate(rollouts):
         r.group_id, r.reward = i // n, float(i % 2)
     return rollouts
-
-
-def experts_used(trainer: Trainer, r: Rollout) -> np.ndarray:
-    """The expert ids the trainer's sparse blocks actually computed for each input token of ``r``."""
-    seen: list[torch.Tensor] = []
-    blocks = [m.experts for m in trainer.model.modules() if hasattr(m, "experts") and hasattr(m, "gate")]
-    handles = [b.register_forward_pre_hook(lambda _m, args: seen.append(args[1].clone())) for b in blocks]
-    try:
-        trainer.logprobs([r])
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(seen, dim=1).numpy()
 
 
 def test_replay_makes_trainer_experts_the_engines_and_shrinks_the_mismatch():

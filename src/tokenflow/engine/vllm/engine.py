@@ -18,8 +18,13 @@ What vLLM gives and what this adapter adds:
 * n samples: one vLLM request each, with seeds derived from the request seed and the sample
   index (vLLM gives every child of an ``n > 1`` request the same seeded stream).
 * Prefix caching is off: a cached prompt block computed under old weights would otherwise be
-  reused by requests admitted after an update. A multi-turn continuation therefore prefills
-  its whole prefix again (``SamplingParams.park_kv`` is the built-in engine's and is ignored).
+  reused by requests admitted after an update. (Recording routing needs it on; each request's
+  cache key is then salted with its own id, which has the same effect.) A multi-turn
+  continuation therefore prefills its whole prefix again (``SamplingParams.park_kv`` is the
+  built-in engine's and is ignored).
+* Routing (mixture-of-experts models, ``record_routing``): vLLM's routed-experts return where
+  the installed vLLM and platform serve it, as `Rollout.routed_experts` in tokenflow's layout;
+  see `tokenflow.engine.vllm.routing`.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights reach it
 by reference; see `tokenflow.engine.vllm.weight_load`.
@@ -40,6 +45,7 @@ from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
 from tokenflow.engine.request import RequestLimits, derive_seed, make_group
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
+from tokenflow.engine.vllm import routing
 from tokenflow.engine.vllm.sample import Sample, checkpoint_shapes
 from tokenflow.engine.weights import IGNORED_SUFFIXES, NamedTensors, as_dict, check_weights, weights_checksum
 from tokenflow.metrics.trace import record
@@ -87,6 +93,10 @@ class VLLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(t for t in eos if 0 <= t < self.vocab_size)
         self._expected, self._optional = checkpoint_shapes(folder, hf_config)
+        layout = routing.layout(hf_config) if config.record_routing else None
+        if isinstance(layout, str):
+            logger.warning("engine: routing not recorded: %s", layout)
+            layout = None
         self._weight_path = "reload"
         kwargs = dict(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=self.tokenizer is None,
                       dtype=dtype, seed=config.seed,
@@ -112,7 +122,7 @@ class VLLMEngine:
         from vllm import LLM
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNotice())
-        self.llm = LLM(**kwargs)
+        self.llm, self.routing_layout = routing.start(LLM, kwargs, layout)
         if self._weight_path == "native":
             self.llm.init_weight_transfer_engine({"init_info": {}})
         self._core = self.llm.llm_engine
@@ -130,9 +140,9 @@ class VLLMEngine:
         self._folder = folder
         self._named: dict | None = None  # the tensors of the last update (for weights_checksum)
         self._checksum: str | None = None
-        logger.info("engine: vLLM %s on %s/%s, context %d, %d sequences, weights by %s",
-                    _vllm_version(), self.device, dtype, self.max_model_len, config.max_num_seqs,
-                    self._weight_path)
+        logger.info("engine: vLLM %s on %s/%s, context %d, %d sequences, weights by %s%s",
+                    routing.vllm_version(), self.device, dtype, self.max_model_len, config.max_num_seqs,
+                    self._weight_path, ", routing recorded" if self.routing_layout else "")
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -180,8 +190,11 @@ class VLLMEngine:
                      output_kind=RequestOutputKind.DELTA)
         prompt = list(sample.prompt_ids) + (sample.prefix.completion_ids.tolist() if done else [])
         sample.vllm_id = f"{sample.request_id}/{sample.sample_index}/{self._counter}-{len(self._live)}-{time.perf_counter_ns()}"
-        sample.tokens, sample.logprobs, sample.versions = [], [], []
-        self._core.add_request(sample.vllm_id, TokensPrompt(prompt_token_ids=prompt), vp)
+        sample.tokens, sample.logprobs, sample.versions, sample.routing = [], [], [], None
+        inputs = TokensPrompt(prompt_token_ids=prompt)
+        if self.routing_layout:
+            inputs["cache_salt"] = sample.vllm_id  # prefix caching is on for routing: share no blocks
+        sample.internal_id = self._core.add_request(sample.vllm_id, inputs, vp)
         self._live[sample.vllm_id] = sample
         self.stats.prefill_tokens += len(prompt)
 
@@ -226,6 +239,8 @@ class VLLMEngine:
                 sample.versions += [self.version] * len(ids)
                 if ro.finished:
                     del self._live[ro.request_id]
+                    if self.routing_layout:
+                        sample.routing = self.routing_layout.rows(c.routed_experts)
                     reason = c.finish_reason if c.finish_reason in ("stop", "length", "abort") else "length"
                     finished.append(self._finish(sample, reason))
             seconds = time.perf_counter() - start
@@ -240,10 +255,12 @@ class VLLMEngine:
             return out + finished
 
     def _finish(self, sample: Sample, reason: str) -> Rollout:
+        routed = (routing.join(len(sample.prompt_ids), sample.prefix, len(sample.tokens), sample.routing)
+                  if self.routing_layout else None)
         if self.tokenizer is None:
-            return sample.rollout(reason, None)
+            return sample.rollout(reason, None, routed)
         full = (sample.prefix.completion_ids.tolist() if sample.prefix is not None else []) + sample.tokens
-        return sample.rollout(reason, self.tokenizer.decode(full, skip_special_tokens=True))
+        return sample.rollout(reason, self.tokenizer.decode(full, skip_special_tokens=True), routed)
 
     def has_unfinished(self) -> bool:
         return bool(self._live or self._held or self._outbox or self._pending is not None)
@@ -276,6 +293,9 @@ class VLLMEngine:
         are the built-in engine's "waiting" requests: they stay queued and start under the new
         weights instead."""
         live = [s for s in self._live.values() if which(s)]
+        if self.routing_layout:  # vLLM drops an aborted request's routing: take it first
+            for s in live:
+                s.routing = self.routing_layout.rows(routing.live_rows(self._core, s.internal_id))
         if live:
             self._core.abort_request([s.vllm_id for s in live])
         for s in live:
@@ -382,8 +402,3 @@ class _RotaryReloadNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
 
-
-def _vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "?")

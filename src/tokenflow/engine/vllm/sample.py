@@ -32,8 +32,14 @@ class Sample:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     vllm_id: str = ""
+    internal_id: str | None = None
+    """vLLM's own id for the request (the one it keys its per-request state by)."""
+    routing: np.ndarray | None = None
+    """This request's routing record (tokenflow's layout), once vLLM has returned it."""
 
-    def rollout(self, finish_reason: str, text: str | None) -> Rollout:
+    def rollout(self, finish_reason: str, text: str | None, routed_experts: np.ndarray | None = None) -> Rollout:
+        """The sample as a `Rollout`, joined onto its resumed prefix; ``routed_experts`` covers
+        the whole result (see `tokenflow.engine.vllm.routing.join`)."""
         new = Rollout(prompt_ids=np.asarray(self.prompt_ids, dtype=np.int32),
                       completion_ids=np.asarray(self.tokens, dtype=np.int32),
                       logprobs=np.asarray(self.logprobs, dtype=np.float32),
@@ -42,8 +48,9 @@ class Sample:
                       support_logmass=np.zeros(len(self.tokens), dtype=np.float32),
                       request_id=self.request_id, sample_index=self.sample_index,
                       group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed},
+                      routed_experts=routed_experts if self.prefix is None else None,
                       turns=None if self.turn is None else np.full(len(self.tokens), self.turn, np.int16))
-        out = self.prefix.extend(new) if self.prefix is not None else new
+        out = self.prefix.extend(new, routed_experts) if self.prefix is not None else new
         out.text = text
         return out
 
