@@ -42,6 +42,19 @@ class ModelConfig(ConfigModel):
     """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
 
 
+class EpisodeConfig(ConfigModel):
+    """Limits of multi-turn episodes (tasks with ``task.env``; docs/environments.md)."""
+
+    max_turns: int | None = Field(default=None, ge=1)
+    """Model turns per episode; default: the environment's own ``max_turns``."""
+    max_total_tokens: int = Field(default=512, ge=1)
+    """Completion tokens per episode, generated and environment tokens together
+    (``sampling.max_tokens`` bounds each model turn)."""
+    step_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one environment ``reset`` or ``step``; past it the sample fails and the run
+    goes on."""
+
+
 class TaskConfig(ConfigModel):
     name: str = "arithmetic"
     """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),

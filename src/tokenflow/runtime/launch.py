@@ -162,12 +162,15 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         rd.config.write_text(to_toml(cfg))
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
+    reward_spec = task.reward_spec
+    if getattr(cfg.task, "env", None):  # multi-turn: the environment's rubric scores whole episodes
+        from tokenflow.scoring.episodes import REWARD_SPEC as reward_spec
     if cfg.runtime.backend == "ray":
         from tokenflow.runtime.ray_scoring import RayScorerPool
 
-        scorer = RayScorerPool(task.reward_spec, cfg)
+        scorer = RayScorerPool(reward_spec, cfg)
     else:
-        scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+        scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
     scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume_state is not None else None)
