@@ -431,3 +431,31 @@ def _merge_info(into: dict, info: dict) -> None:
             into[k] = into[k] + v
         else:
             into[k] = v
+
+
+def run_episodes(engine, specs: list[EpisodeSpec], params, on_progress=None) -> list[list[Rollout]]:
+    """Blocking: run one request of ``params.n`` episodes per spec on ``engine`` and return each
+    request's rows (for `tokenflow eval`, tests and scripts; the runtime drives episodes from
+    the engine worker's loop instead)."""
+    driver = EpisodeDriver(engine)
+    results: dict[str, list[Rollout]] = {}
+    index = {}
+    try:
+        for i, spec in enumerate(specs):
+            rid = f"episode-{i}"
+            index[rid] = i
+            driver.start(rid, spec, params, group_id=i, prompt_id=i)
+        while len(results) < len(specs):
+            if engine.has_unfinished():
+                for r in engine.step():
+                    if driver.handles(r):
+                        driver.on_turn(r)
+            else:
+                time.sleep(0.001)  # only environments are working
+            for rid, rows in driver.poll():
+                results[rid] = rows
+                if on_progress is not None:
+                    on_progress(len(results))
+    finally:
+        driver.close()
+    return [results[f"episode-{i}"] for i in range(len(specs))]
