@@ -21,16 +21,23 @@ Conventions (see `shared/REFERENCES.md`):
   input position p to in its l-th sparse layer ("Keep Routing"). Positions are those of
   ``prompt_ids + completion_ids[:-1]``, the tokens the model reads (the last token is never fed
   back), so prompt tokens are covered too; see `tokenflow.trainer.keep_routing`.
+* ``turns[t]`` (multi-turn rollouts) is the model turn token t belongs to: model turn k's
+  generated tokens have turn k, and the environment tokens appended after model turn k
+  (``loss_mask`` 0) have turn k too. None for single-turn rollouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "abort", "error", "max_turns", "token_limit", "context_length"]
+""""stop" / "length" / "abort" come from the engine (EOS or stop id or string / max_tokens or the
+context / a partial); "error" from a failed generation; "max_turns", "token_limit" and
+"context_length" end a multi-turn episode and are set by the environment runtime."""
 
 
 def _i32(x) -> np.ndarray:
@@ -74,6 +81,9 @@ class Rollout:
     routed_experts: np.ndarray | None = None
     """[len(prompt) + len(completion) − 1, moe_layers, top_k] small unsigned ints: the experts
     each input token was routed to (None for dense models or when not recorded)."""
+    turns: np.ndarray | None = None
+    """Multi-turn rollouts: the model-turn index of each completion token (int16; environment
+    tokens carry the turn they follow). None for single-turn rollouts."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = _i32(self.prompt_ids)
@@ -89,7 +99,9 @@ class Rollout:
             self.support_logmass = _f32(self.support_logmass)
         if self.token_rewards is not None:
             self.token_rewards = _f32(self.token_rewards)
-        for name in ("logprobs", "versions", "loss_mask", "support_logmass", "token_rewards"):
+        if self.turns is not None:
+            self.turns = np.asarray(self.turns, dtype=np.int16).reshape(-1)
+        for name in ("logprobs", "versions", "loss_mask", "support_logmass", "token_rewards", "turns"):
             arr = getattr(self, name)
             if arr is not None and len(arr) != n:
                 raise ValueError(
@@ -114,6 +126,17 @@ class Rollout:
         return len(self.completion_ids)
 
     @property
+    def ends_with_environment(self) -> bool:
+        """Whether the last completion token is an environment token (``loss_mask`` 0): the
+        rollout is then a multi-turn episode waiting for the model's next turn."""
+        return self.num_tokens > 0 and self.loss_mask[-1] == 0
+
+    @property
+    def last_turn(self) -> int:
+        """The turn of the last completion token (0 without turns or tokens)."""
+        return int(self.turns[-1]) if self.turns is not None and self.num_tokens else 0
+
+    @property
     def full_logprobs(self) -> np.ndarray:
         """Full-vocabulary behaviour log-probs ``log softmax(logits/T)[a_t]``."""
         if self.support_logmass is None:
@@ -125,9 +148,11 @@ class Rollout:
         return trainer_version - self.versions
 
     def extend(self, other: "Rollout", routed_experts: np.ndarray | None = None) -> "Rollout":
-        """Concatenate a continuation (prefix resume) onto this partial rollout. A continuation
-        re-reads this rollout's tokens, so only its producer knows the joined routing; it passes
-        ``routed_experts`` (covering the whole concatenation) or there is none."""
+        """Concatenate a continuation (prefix resume, or the next model turn) onto this rollout.
+        A continuation re-reads this rollout's tokens, so only its producer knows the joined
+        routing; it passes ``routed_experts`` (covering the whole concatenation) or there is
+        none. ``turns`` and ``token_rewards`` are joined when either side has them (a side
+        without them counts as turn 0 / reward 0)."""
         sup = None
         if self.support is not None or other.support is not None:
             sup = list(self.support or [None] * self.num_tokens) + list(
@@ -155,4 +180,61 @@ class Rollout:
             text=None,
             info={**self.info, **other.info},
             routed_experts=routed_experts,
+            token_rewards=_joined(self.token_rewards, other.token_rewards, self.num_tokens, other.num_tokens),
+            turns=_joined(self.turns, other.turns, self.num_tokens, other.num_tokens),
         )
+
+    def append_environment(self, ids) -> "Rollout":
+        """This rollout with environment tokens ``ids`` (a tool result, a user message, ...)
+        appended to the completion, ready to be continued with ``engine.add_request(prompt,
+        params, resume=...)``. The ids are used as given: nothing is detokenized or
+        re-tokenized, so the next model turn reads exactly these tokens.
+
+        The new tokens have ``loss_mask`` 0, ``logprobs`` 0, ``support_logmass`` 0 and
+        ``support`` None (where those fields exist), ``token_rewards`` 0 (where present), and
+        ``turns`` equal to the last token's turn (``turns`` starts as zeros if it was None).
+        Their ``versions`` repeat the version of the last generated token: an environment token
+        was not sampled and has no age of its own, so metrics and corrections that read versions
+        must select tokens by ``loss_mask`` (the trainer does). ``routed_experts`` becomes None:
+        the routing of the environment tokens is not recorded, and an engine continuing the
+        rollout returns None too. ``text`` becomes None (it no longer matches the completion).
+        ``finish_reason`` stays the original's: the result is a vehicle for the next turn, and
+        the runtime sets the episode's final reason."""
+        ids = _i32(ids)
+        if len(ids) == 0:
+            raise ValueError("append_environment needs at least one token id")
+        if (ids < 0).any():
+            raise ValueError(f"token ids must be >= 0, got {ids[ids < 0][:8].tolist()}")
+        k = len(ids)
+        generated = np.flatnonzero(self.loss_mask)
+        version = (self.versions[generated[-1]] if len(generated)
+                   else self.versions[-1] if self.num_tokens else 0)
+        turns = self.turns if self.turns is not None else np.zeros(self.num_tokens, dtype=np.int16)
+
+        def more(arr, value):
+            return None if arr is None else np.concatenate([arr, np.full(k, value, dtype=arr.dtype)])
+
+        return dataclasses.replace(
+            self,
+            completion_ids=np.concatenate([self.completion_ids, ids]),
+            logprobs=more(self.logprobs, 0.0),
+            versions=more(self.versions, version),
+            loss_mask=more(self.loss_mask, 0),
+            support_logmass=more(self.support_logmass, 0.0),
+            support=None if self.support is None else list(self.support) + [None] * k,
+            token_rewards=more(self.token_rewards, 0.0),
+            turns=more(turns, self.last_turn),
+            routed_experts=None,
+            text=None,
+            info=dict(self.info),
+            rewards=dict(self.rewards),
+        )
+
+
+def _joined(a: np.ndarray | None, b: np.ndarray | None, len_a: int, len_b: int) -> np.ndarray | None:
+    """``a`` + ``b`` where either may be None (then zeros of its length); None if both are."""
+    if a is None and b is None:
+        return None
+    dtype = (a if a is not None else b).dtype
+    return np.concatenate([a if a is not None else np.zeros(len_a, dtype),
+                           b if b is not None else np.zeros(len_b, dtype)])

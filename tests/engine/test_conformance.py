@@ -13,6 +13,7 @@ Tolerances, per backend, for the trainer reproducing behaviour log-probs in floa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -95,8 +96,11 @@ def _step_until_tokens(engine, request_id: str, at_least: int, *, rollouts=None)
 
 
 def _progress(engine, request_id: str) -> int:
+    """Completion tokens so far of the request's least advanced live sample (a resumed prefix
+    included)."""
     if engine.backend_name == "vllm":
-        counts = [len(s.tokens) for s in engine._live.values() if s.request_id == request_id]
+        counts = [len(s.tokens) + (s.prefix.num_tokens if s.prefix is not None else 0)
+                  for s in engine._live.values() if s.request_id == request_id]
     else:
         counts = [s.num_completion_tokens for s in engine.scheduler.running if s.request_id == request_id]
     return min(counts) if counts else 0
@@ -206,6 +210,97 @@ def test_abort_returns_partials_that_resume_from_their_prefix(engine):
         assert r.finish_reason == "length" and r.num_tokens == 12 and r.request_id == "ab"
         assert r.completion_ids[: p.num_tokens].tolist() == p.completion_ids.tolist()
         np.testing.assert_array_equal(r.logprobs[: p.num_tokens], p.logprobs)
+
+
+# -- multi-turn continuation -------------------------------------------------------------------
+# A continuation is asked for with `Rollout.append_environment` + `add_request(resume=)`. What
+# every backend guarantees: the returned rollout is the given one plus new tokens, bit for bit;
+# masks, turns and versions follow the rules; the new tokens' log-probs are the policy's on the
+# whole sequence (the trainer's teacher-forced forward reproduces them); and a greedy
+# continuation equals a fresh request whose prompt is the whole sequence. A *sampled*
+# continuation is not that fresh request's sample: the noise stream of a continued sample is
+# its episode's (builtin: counter index = completion position; vLLM: a stream derived from the
+# seed and the resumed length), not a new request's.
+
+ENV_IDS = [16, 3, 19]  # "=0 " in the character tokenizer
+
+
+def test_continuation_after_environment_tokens_extends_the_rollout_exactly(engine, model_dir):
+    params = SamplingParams(temperature=0.8, max_tokens=5, seed=21, ignore_eos=True, park_kv=True)
+    firsts = [g[0] for g in engine.generate(PROMPTS, params)]
+    for first in firsts:  # both continue together (the built-in engine: one extend of two rows)
+        cont = first.append_environment(ENV_IDS)
+        engine.add_request(first.prompt_ids.tolist(), dataclasses.replace(params, max_tokens=cont.num_tokens + 6),
+                           resume=cont)
+    done = {r.request_id: r for r in _drain(engine)}
+    for first in firsts:
+        r = done[first.request_id]
+        assert (r.sample_index, r.group_id, r.prompt_id, r.info["seed"]) == (
+            first.sample_index, first.group_id, first.prompt_id, first.info["seed"])
+        assert r.finish_reason == "length" and r.num_tokens == 14
+        assert r.completion_ids[:8].tolist() == first.completion_ids.tolist() + ENV_IDS
+        assert r.loss_mask.tolist() == [1] * 5 + [0] * 3 + [1] * 6
+        assert r.turns.tolist() == [0] * 8 + [1] * 6
+        np.testing.assert_array_equal(r.logprobs[:5], first.logprobs)
+        assert np.all(r.logprobs[5:8] == 0) and np.all(r.logprobs[8:] < 0)
+        assert np.all(r.versions == engine.version)
+        assert r.routed_experts is None
+    m = _trainer_mismatch(model_dir, list(done.values()))
+    assert m["offpolicy/mismatch_tokens"] == 2 * 11  # generated tokens only
+    assert m["offpolicy/mismatch_abs_logprob"] < LOGPROB_TOL[engine.backend_name], m["offpolicy/mismatch_abs_logprob"]
+
+
+def test_greedy_continuation_equals_a_fresh_request_on_the_whole_sequence(engine):
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, park_kv=True)
+    (first,), = engine.generate([PROMPTS[1]], greedy)
+    cont = first.append_environment(ENV_IDS)
+    engine.add_request(PROMPTS[1], dataclasses.replace(greedy, max_tokens=cont.num_tokens + 5), resume=cont)
+    (r,) = _drain(engine)
+    (fresh,), = engine.generate([PROMPTS[1] + cont.completion_ids.tolist()], dataclasses.replace(greedy, max_tokens=5))
+    assert r.completion_ids[cont.num_tokens:].tolist() == fresh.completion_ids.tolist()
+    assert np.abs(r.logprobs[cont.num_tokens:] - fresh.logprobs).max() <= LOGPROB_TOL[engine.backend_name]
+
+
+def test_a_continuation_aborted_mid_turn_resumes_in_the_same_turn(engine):
+    params = SamplingParams(max_tokens=4, seed=23, ignore_eos=True)
+    (first,), = engine.generate([PROMPTS[0]], params)
+    cont = first.append_environment([17, 19])
+    params = dataclasses.replace(params, max_tokens=cont.num_tokens + 8)
+    rid = engine.add_request(PROMPTS[0], params, resume=cont)
+    _step_until_tokens(engine, rid, cont.num_tokens + 3)
+    assert engine.abort(rid) == 1
+    (partial,) = engine.step()
+    k = partial.num_tokens
+    assert partial.finish_reason == "abort" and cont.num_tokens + 3 <= k < cont.num_tokens + 8
+    assert partial.turns.tolist() == [0] * 6 + [1] * (k - 6)
+    engine.add_request(PROMPTS[0], params, resume=partial)
+    (r,) = _drain(engine)
+    assert r.finish_reason == "length" and r.num_tokens == cont.num_tokens + 8
+    assert r.completion_ids[:k].tolist() == partial.completion_ids.tolist()
+    assert r.turns.tolist() == [0] * 6 + [1] * 8 and r.loss_mask.tolist() == [1] * 4 + [0] * 2 + [1] * 8
+
+
+def test_stop_strings_are_looked_for_in_the_new_turn_only(engine):
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    (first,), = engine.generate([PROMPTS[0]], greedy)
+
+    def turn(env, stop=()):
+        cont = first.append_environment(env)
+        engine.add_request(PROMPTS[0], dataclasses.replace(greedy, max_tokens=cont.num_tokens + 6, stop=stop),
+                           resume=cont)
+        (r,) = _drain(engine)
+        return r, engine.tokenizer.decode(r.completion_ids[cont.num_tokens:].tolist(), skip_special_tokens=True)
+
+    # An environment text the model does not write itself next, used as the stop string: the
+    # turn must run to max_tokens, not stop at its first token.
+    for env in ([16, 3], [18, 12], [15, 11], [14, 5]):
+        stop = engine.tokenizer.decode(env, skip_special_tokens=True)
+        if stop not in turn(env)[1]:
+            break
+    else:
+        raise AssertionError("the model writes every candidate; pick others")
+    r, _ = turn(env, stop=(stop,))
+    assert r.finish_reason == "length" and r.num_tokens == first.num_tokens + len(env) + 6
 
 
 # -- weight updates ----------------------------------------------------------------------------

@@ -46,9 +46,12 @@ class RolloutEngine(Protocol):
                     request_id: str | None = None, *, resume: Rollout | None = None,
                     group_id: int = 0, prompt_id: int = -1) -> str:
         """Called by the runtime whenever admission control lets a prompt in (its n samples
-        form one group), and to resubmit a partial rollout returned after an abort
-        (``resume``). Validates at once: a bad request raises `InvalidRequest` and changes
-        nothing. Returns the request id."""
+        form one group), to resubmit a partial rollout returned after an abort (``resume``),
+        and to start the next model turn of a multi-turn rollout (``resume`` ending in
+        environment tokens, `Rollout.append_environment`): the engine continues prompt +
+        ``resume.completion_ids`` exactly and returns ``resume`` extended by the new tokens
+        (docs/engine.md, "Continuing a sequence"). Validates at once: a bad request raises
+        `InvalidRequest` and changes nothing. Returns the request id."""
         ...
 
     def step(self) -> list[Rollout]:

@@ -57,6 +57,12 @@ class EngineConfig(ConfigModel):
     """Engine seed: a request without its own seed gets one derived from this and its arrival
     number, so whole runs are reproducible."""
 
+    max_parked: int | None = Field(default=None, ge=0)
+    """Built-in engine: most finished sequences whose KV cache is kept for a multi-turn
+    continuation (requests with ``park_kv``); the least recently parked is dropped first.
+    None = 2 x `max_num_seqs`; 0 = never park. Each parked sequence holds its whole KV cache
+    (2 x layers x kv_heads x head_dim x tokens values) on the engine's device."""
+
     kv_growth: int = Field(default=64, ge=1)
     """The KV cache grows its per-slot length in multiples of this many positions (it starts
     small and grows to the longest live sequence, at most `max_model_len`)."""

@@ -9,6 +9,10 @@
     update_weights ── inflight: swap now ─── abort: running → partials ─── drain: stop admitting,
                                                                            swap when batch empty
 
+A multi-turn continuation (``resume=`` a rollout ending in environment tokens) whose previous
+turn parked its KV cache (``park_kv``) is admitted as an extend: the parked rows go back into a
+slot and only the new tokens are prefilled (`tokenflow.engine.parked`).
+
 Calls are serialised by one lock, so a weight-sync thread may call `update_weights` while a
 generation loop calls `step`: the swap then lands between two steps.
 """
@@ -111,15 +115,18 @@ class Engine:
         self._limits = RequestLimits(self.vocab_size, self.max_model_len, config.max_num_seqs,
                                      tokenizer is not None, self.eos_token_ids, config.seed)
         self.stats = EngineStats()
+        max_parked = 2 * config.max_num_seqs if config.max_parked is None else config.max_parked
         self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len,
-                                  self.device, self.dtype, config.kv_growth, config.record_routing)
+                                  self.device, self.dtype, config.kv_growth, config.record_routing,
+                                  max_parked)
         detok = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, detok)
+                                   self.max_model_len, detok, self._reusable)
         self.sampler = Sampler()
         self._lock = threading.RLock()
         self._paused = False
-        self._pending_update: tuple[dict[str, torch.Tensor], int, float] | None = None
+        self._pending_update: tuple[dict[str, torch.Tensor], int, bool] | None = None
+        """A drain's staged update: (tensors, version, recompute_kv)."""
         self._outbox: list[Rollout] = []
         self._live: dict[str, set[int]] = {}
         """Sample indices still unfinished, per request id."""
@@ -135,9 +142,12 @@ class Engine:
                     group_id: int = 0, prompt_id: int = -1) -> str:
         """Queue one prompt for ``params.n`` samples; returns its request id.
 
-        Raises `InvalidRequest` (and changes nothing) if the request is bad. ``resume`` is a
-        partial rollout (finish reason "abort") of this prompt: the engine prefills prompt +
-        partial and continues that sample; the rollout it returns is the concatenation."""
+        Raises `InvalidRequest` (and changes nothing) if the request is bad. ``resume`` (with
+        n = 1) is a rollout of this prompt to continue: a partial one (finish reason "abort"),
+        or one whose last token is an environment token (`Rollout.append_environment`), which
+        starts the next model turn. The engine continues prompt + ``resume.completion_ids``
+        exactly (from parked KV if the previous turn parked it, else prefilling it), keeps the
+        rollout's ids and seed, and returns ``resume`` extended by the new tokens."""
         with self._lock:
             group = self._make_group(prompt_ids, params or SamplingParams(), request_id,
                                      resume, group_id, prompt_id)
@@ -204,11 +214,12 @@ class Engine:
             if batch is None:
                 return out
             wall, start = time.time(), time.perf_counter()
-            prompt_tokens = sum(g.num_prefill_tokens for g in batch.groups)
+            # Counted before the step appends a token to each row.
+            reused = sum(g.reused for g in batch.groups)
+            forwarded = sum(g.num_prefill_tokens for g in batch.groups) - reused
             with torch.inference_mode():
                 if batch.kind == "prefill":
-                    logits = self.runner.prefill([g.prefill_ids for g in batch.groups],
-                                                 [[s.slot for s in g.seqs] for g in batch.groups])
+                    logits = self._prefill(batch.groups)
                     if len(batch.seqs) != len(batch.groups):  # n > 1: one prefill, n samples
                         rows = [i for i, g in enumerate(batch.groups) for _ in g.seqs]
                         logits = logits[torch.tensor(rows, device=logits.device)]
@@ -225,10 +236,37 @@ class Engine:
             if self._pending_update is not None and not self.scheduler.running:
                 apply_pending(self)  # the drain is over: swap now, not at some later step
             seconds = time.perf_counter() - start
-            self._count(batch, seconds, prompt_tokens)
+            self._count(batch, seconds, forwarded, reused)
             record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
                    finished=len(finished), version=self.version)
             return out + [self._finish(s) for s in finished]
+
+    def _prefill(self, groups: list[SequenceGroup]) -> torch.Tensor:
+        """Prefill newly admitted groups: whole, or (continuations whose prefix KV is parked;
+        the scheduler never mixes the two) from the parked rows on."""
+        slots = [[s.slot for s in g.seqs] for g in groups]
+        for g in groups:
+            seq = g.seqs[0]
+            if not seq.continues:
+                continue
+            key = (seq.prefix.request_id, seq.prefix.sample_index)
+            if g.reused:
+                self.runner.unpark(key, seq.slot)
+                self.stats.parked_hits += 1
+            else:
+                self.runner.parked.take(key)  # stale (other tokens) if there at all
+                self.stats.parked_misses += 1
+        if not groups[0].reused:
+            return self.runner.prefill([g.prefill_ids for g in groups], slots)
+        return self.runner.extend([g.prefill_ids[g.reused:] for g in groups],
+                                  [g.reused for g in groups], slots)
+
+    def _reusable(self, group: SequenceGroup) -> int:
+        """Leading positions of a waiting continuation that its parked KV cache covers."""
+        seq = group.seqs[0]
+        if not seq.continues:
+            return 0
+        return self.runner.parked.match((seq.prefix.request_id, seq.prefix.sample_index), seq.token_ids)
 
     def _keep_routing(self, batch) -> None:
         """Hand each row's recorded experts to its sequence(s) (MoE models recording routing)."""
@@ -241,14 +279,15 @@ class Engine:
             for s, rows in zip(batch.seqs, routing):
                 s.routing.append(rows)
 
-    def _count(self, batch, seconds: float, prompt_tokens: int) -> None:
+    def _count(self, batch, seconds: float, forwarded: int, reused: int) -> None:
         st = self.stats
         st.tokens_generated += len(batch.seqs)
         st.last_step_seconds, st.last_step_kind, st.last_step_num_seqs = seconds, batch.kind, len(batch.seqs)
         if batch.kind == "prefill":
             st.prefill_steps += 1
             st.prefill_seconds += seconds
-            st.prefill_tokens += prompt_tokens
+            st.prefill_tokens += forwarded
+            st.reused_prefix_tokens += reused
         else:
             st.decode_steps += 1
             st.decode_seconds += seconds
@@ -291,8 +330,10 @@ class Engine:
 
     def abort(self, request_id: str) -> int:
         """Stop every sample of ``request_id``; they come back from the next `step` as partial
-        rollouts with finish reason "abort". Returns how many samples were stopped."""
+        rollouts with finish reason "abort". Its parked KV caches are dropped too (call it when
+        a multi-turn episode ends early). Returns how many samples were stopped."""
         with self._lock:
+            self.runner.parked.drop_request(request_id)
             seqs = self.scheduler.abort_request(request_id)
             self._outbox.extend(self._finish(s) for s in seqs)
             return len(seqs)

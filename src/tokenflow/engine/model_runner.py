@@ -1,4 +1,5 @@
-"""Runs the model on the scheduler's batches: prefill, decode, cache moves, KV recompute."""
+"""Runs the model on the scheduler's batches: prefill, extend (after parked KV), decode, cache
+moves and parking, KV recompute."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import torch
 from tokenflow.engine.kv_cache import KVCache
 from tokenflow.engine.models.attention import AttentionContext
 from tokenflow.engine.models.llama import LlamaForCausalLM, head_dim_of
+from tokenflow.engine.parked import ParkedEntry, ParkedKV, ParkKey
+from tokenflow.engine.scheduler import Move, Park
 from tokenflow.engine.sequence import Sequence
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, max_num_seqs: int, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, kv_growth: int = 64,
-                 record_routing: bool = True) -> None:
+                 record_routing: bool = True, max_parked: int = 0) -> None:
         cfg = model.config
         self.model = model
         self.recorder = model.routing if record_routing else None
@@ -34,6 +37,7 @@ class ModelRunner:
             device=device,
             growth=kv_growth,
         )
+        self.parked = ParkedKV(max_parked)
 
     def _long(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -71,6 +75,51 @@ class ModelRunner:
         hidden = self._forward_recorded(ids, positions, ctx)
         last = hidden[torch.arange(len(lengths), device=self.device), self._long(lengths) - 1]
         return self.model.compute_logits(last)
+
+    @torch.inference_mode()
+    def extend(self, token_lists: list[list[int]], starts: list[int], slots: list[list[int]]) -> torch.Tensor:
+        """Prefill rows whose first ``starts[i]`` positions are already cached in their slots
+        (``slots[i][0]`` is read): run only the new tokens ``token_lists[i]`` at positions
+        ``starts[i]..``, write their keys/values into the slots, and return the logits at each
+        row's last token, [G, V]."""
+        counts = [len(t) for t in token_lists]
+        longest = max(counts)
+        ends = [s + c for s, c in zip(starts, counts)]
+        length = max(ends)
+        ids = self._long([t + [0] * (longest - len(t)) for t in token_lists])
+        # Padding repeats the row's last real position: it stays inside the context and its
+        # query still sees keys (never a fully masked row).
+        positions = torch.minimum(self._long(starts)[:, None] + torch.arange(longest, device=self.device),
+                                  self._long(ends)[:, None] - 1)
+        self.cache.ensure(max(s for group in slots for s in group) + 1, length)
+        entries = [(slot, start + j, row, j) for row, (start, count, group) in enumerate(zip(starts, counts, slots))
+                   for slot in group for j in range(count)]
+        token_slots, token_positions, token_rows, token_index = self._long(entries).unbind(1)
+        keys = torch.arange(length, device=self.device)[None, None, :]
+        causal = keys <= positions[:, :, None]
+        ctx = AttentionContext("extend", cache=self.cache, length=length, key_mask=causal[:, None],
+                               read_slots=self._long([group[0] for group in slots]),
+                               token_slots=token_slots, token_positions=token_positions,
+                               token_rows=token_rows, token_index=token_index)
+        window = self.model.window
+        if window is not None and length > window:
+            ctx.window_mask = (causal & (keys > positions[:, :, None] - window))[:, None]
+            ctx.windowed = self.model.windowed_layers
+        hidden = self._forward_recorded(ids, positions, ctx)
+        last = hidden[torch.arange(len(counts), device=self.device), self._long(counts) - 1]
+        return self.model.compute_logits(last)
+
+    @torch.inference_mode()
+    def unpark(self, key: ParkKey, slot: int) -> int:
+        """Put the parked KV cache under ``key`` back into ``slot`` (dropping it from the store);
+        returns how many positions it covers."""
+        entry = self.parked.take(key)
+        n = entry.num_tokens
+        self.cache.ensure(slot + 1, n)
+        for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+            k[slot, :, :n].copy_(entry.keys[layer])
+            v[slot, :, :n].copy_(entry.values[layer])
+        return n
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -114,10 +163,17 @@ class ModelRunner:
         return hidden
 
     @torch.inference_mode()
-    def apply_moves(self, moves: list[tuple[int, int, int]]) -> None:
-        """Copy cache rows so that slots stay packed after sequences left (in the given order)."""
-        for src, dst, length in moves:
-            self.cache.move(src, dst, min(length, self.cache.capacity))
+    def apply_moves(self, ops: list[Move | Park]) -> None:
+        """Run the scheduler's cache ops in order: copy rows so that slots stay packed after
+        sequences left, and copy the rows of sequences that park their KV cache out first."""
+        for op in ops:
+            if isinstance(op, Park):
+                if self.parked.capacity > 0:
+                    keys = torch.stack([k[op.slot, :, :op.length] for k in self.cache.k])
+                    values = torch.stack([v[op.slot, :, :op.length] for v in self.cache.v])
+                    self.parked.park(op.key, ParkedEntry(op.token_ids, keys, values))
+            else:
+                self.cache.move(op.src, op.dst, min(op.length, self.cache.capacity))
 
     @torch.inference_mode()
     def recompute(self, seqs: list[Sequence]) -> None:

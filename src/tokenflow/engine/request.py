@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.sequence import Sequence, SequenceGroup
@@ -35,7 +37,7 @@ class RequestLimits:
 def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: SamplingParams,
                request_id: str | None, resume: Rollout | None, group_id: int,
                prompt_id: int) -> SequenceGroup:
-    """Validate one request and build its n sequences (or the one resumed sequence)."""
+    """Validate one request and build its n sequences (or the one resumed/continued sequence)."""
     params.validate(limits.vocab_size, has_tokenizer=limits.has_tokenizer)
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -48,18 +50,21 @@ def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: Sampling
     prefix: list[int] = []
     sample_indices: list[int] = list(range(params.n))
     seed = params.seed
+    turn, turn_start = None, -1
     if resume is not None:
         _check_resume(resume, prompt, params)
         prefix = resume.completion_ids.tolist()
         request_id = request_id or resume.request_id
         sample_indices = [resume.sample_index]
         group_id, prompt_id = resume.group_id, resume.prompt_id
-        if seed is None:
-            seed = resume.info.get("seed")  # the same noise stream: the continuation is unchanged
+        # The episode's noise stream: a resumed or continued sample keeps its seed, so the
+        # whole rollout is regenerable from it.
+        seed = resume.info.get("seed", seed)
+        turn, turn_start = _turn_of_new_tokens(resume, len(prompt))
     total = len(prompt) + len(prefix)
     if total >= limits.max_model_len:
         raise InvalidRequest(
-            f"prompt{' + partial completion' if prefix else ''} has {total} tokens; the context "
+            f"prompt{' + resumed completion' if prefix else ''} has {total} tokens; the context "
             f"(max_model_len) is {limits.max_model_len} tokens, so at most {limits.max_model_len - 1}"
         )
     seed = derive_seed(limits.engine_seed, arrival) if seed is None else seed & ((1 << 63) - 1)
@@ -70,23 +75,37 @@ def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: Sampling
     seqs = [
         Sequence(request_id=request_id, sample_index=i, params=params, seed=seed, prompt_ids=prompt,
                  token_ids=prompt + prefix, stop_ids=stop_ids, group_id=group_id,
-                 prompt_id=prompt_id, prefix=resume)
+                 prompt_id=prompt_id, prefix=resume, turn=turn, turn_start=turn_start)
         for i in sample_indices
     ]
     return SequenceGroup(request_id, seqs)
 
 
+def _turn_of_new_tokens(resume: Rollout, prompt_len: int) -> tuple[int | None, int]:
+    """The turn the tokens generated after ``resume`` belong to, and where their model turn
+    began in prompt + completion. After environment tokens a new turn starts; an aborted
+    partial keeps its last token's turn (None if it records no turns)."""
+    env = np.flatnonzero(resume.loss_mask == 0)
+    turn_start = prompt_len + (int(env[-1]) + 1 if len(env) else 0)
+    if resume.ends_with_environment:
+        return resume.last_turn + 1, turn_start
+    return (resume.last_turn if resume.turns is not None else None), turn_start
+
+
 def _check_resume(resume: Rollout, prompt: list[int], params: SamplingParams) -> None:
     if params.n != 1:
-        raise InvalidRequest(f"n must be 1 when resuming a partial rollout, got {params.n}")
-    if resume.finish_reason != "abort":
+        raise InvalidRequest(f"n must be 1 when resuming or continuing a rollout, got {params.n}")
+    if resume.finish_reason != "abort" and not resume.ends_with_environment:
         raise InvalidRequest(
-            f"resume must be a partial rollout (finish_reason 'abort'), got {resume.finish_reason!r}"
+            "resume must be a partial rollout (finish_reason 'abort') or a rollout ending in "
+            "environment tokens (Rollout.append_environment: loss_mask 0 on its last token); got "
+            f"finish_reason {resume.finish_reason!r} with a generated last token"
         )
     if resume.prompt_ids.tolist() != prompt:
         raise InvalidRequest("resume.prompt_ids differ from prompt_ids")
     if resume.num_tokens >= params.max_tokens:
         raise InvalidRequest(
-            f"the partial rollout already has {resume.num_tokens} tokens and max_tokens is "
-            f"{params.max_tokens}; nothing is left to generate"
+            f"the resumed rollout already has {resume.num_tokens} completion tokens and max_tokens "
+            f"is {params.max_tokens}; nothing is left to generate (max_tokens bounds the whole "
+            "completion: pass len(completion) + this turn's budget)"
         )

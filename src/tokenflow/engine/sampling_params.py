@@ -23,7 +23,8 @@ class SamplingParams:
     top_k: int = 0
     """Keep the k most likely tokens; 0 = off."""
     max_tokens: int = 128
-    """Most completion tokens (a resumed request counts its partial tokens too)."""
+    """Most completion tokens. A resumed or continued request counts the tokens it resumes
+    (earlier turns and environment tokens included): pass len(prefix) + this turn's budget."""
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end the completion (kept in it, finish reason "stop"), besides EOS."""
     stop: tuple[str, ...] = ()
@@ -35,6 +36,11 @@ class SamplingParams:
     engine seed and the request's arrival number."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS token(s)."""
+    park_kv: bool = False
+    """Built-in engine: when a sample finishes (stop or length), keep its KV cache ("park" it,
+    up to ``engine.max_parked`` sequences, least recently parked evicted first) so that a
+    continuation of it (`Rollout.append_environment` + ``add_request(..., resume=)``) prefills
+    only its new tokens. Other backends ignore it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -14,12 +14,29 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from tokenflow.engine.kv_cache import SlotAllocator
 from tokenflow.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+
+
+class Move(NamedTuple):
+    """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst``."""
+
+    src: int
+    dst: int
+    length: int
+
+
+class Park(NamedTuple):
+    """Copy the first ``length`` cached positions of ``slot`` out into the parked store."""
+
+    slot: int
+    length: int
+    key: tuple[str, int]
+    token_ids: list[int]
 
 
 @dataclass
@@ -33,8 +50,11 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 detokenize: Callable[[list[int]], str] | None = None) -> None:
+                 detokenize: Callable[[list[int]], str] | None = None,
+                 reusable: Callable[[SequenceGroup], int] | None = None) -> None:
         self.allocator = SlotAllocator(max_num_seqs)
+        self.reusable = reusable
+        """Positions of a waiting group's prefix that parked KV would serve (0: none)."""
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.detokenize = detokenize
@@ -42,8 +62,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.admitting = True
         """False while draining for a weight update: running sequences finish, none start."""
-        self.moves: list[tuple[int, int, int]] = []
-        """Pending cache copies (src slot, dst slot, positions) in the order they must happen."""
+        self.moves: list[Move | Park] = []
+        """Pending cache ops in the order they must happen."""
 
     @property
     def num_waiting(self) -> int:
@@ -79,10 +99,14 @@ class Scheduler:
             group = self.waiting[0]
             if group.n > free:
                 break  # FIFO: a big group is not overtaken, so it cannot starve
-            longest_after = max(longest, group.num_prefill_tokens)
+            reused = self.reusable(group) if self.reusable is not None else 0
+            if groups and (reused > 0) != (groups[0].reused > 0):
+                break  # continuations from parked KV prefill apart (see the module docstring)
+            longest_after = max(longest, group.num_prefill_tokens - reused)
             if groups and longest_after * (len(groups) + 1) > self.max_num_batched_tokens:
                 break
             self.waiting.popleft()
+            group.reused = reused
             groups.append(group)
             free -= group.n
             longest = longest_after
@@ -120,7 +144,7 @@ class Scheduler:
         # A stop string of c characters spans at most c tokens (plus a few that decode to nothing),
         # so decoding a short tail is enough.
         window = max(len(s) for s in seq.params.stop) + 8
-        completion = seq.token_ids[seq.num_prompt_tokens:]
+        completion = seq.token_ids[seq.turn_start:]  # this model turn's text only
         text = self.detokenize(completion[-window:])
         return any(s in text for s in seq.params.stop)
 
@@ -130,6 +154,11 @@ class Scheduler:
         seq.finish_reason = reason
         if seq.slot < 0:
             return
+        # A sequence at the context limit can never be continued: nothing to park.
+        if seq.params.park_kv and reason in ("stop", "length") and seq.num_tokens < self.max_model_len:
+            cached = seq.num_tokens - 1  # the last sampled token was never fed back
+            self.moves.append(Park(seq.slot, cached, (seq.request_id, seq.sample_index),
+                                   seq.token_ids[:cached]))
         move = self.allocator.free(seq.slot)
         if move is not None:
             src, dst = move
@@ -138,11 +167,11 @@ class Scheduler:
             moved.slot = dst
             # num_tokens bounds the cached positions whether or not `moved` has appended this
             # step's token yet (the cache never holds the last token).
-            self.moves.append((src, dst, moved.num_tokens))
+            self.moves.append(Move(src, dst, moved.num_tokens))
         self.running.pop()
         seq.slot = -1
 
-    def take_moves(self) -> list[tuple[int, int, int]]:
+    def take_moves(self) -> list[Move | Park]:
         moves, self.moves = self.moves, []
         return moves
 

@@ -1,8 +1,9 @@
 """`Sequence` (one sample being generated) and `SequenceGroup` (the n samples of one request).
 
-A sequence's ``token_ids`` hold the prompt, then a resumed partial completion if any, then the
-tokens generated here; per generated token it records what becomes the `Rollout`'s per-token
-arrays. The n sequences of a group share the prompt's prefill.
+A sequence's ``token_ids`` hold the prompt, then a resumed partial completion (or the earlier
+turns and environment tokens of a multi-turn continuation) if any, then the tokens generated
+here; per generated token it records what becomes the `Rollout`'s per-token arrays. The n
+sequences of a group share the prompt's prefill.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ class Sequence:
     group_id: int = 0
     prompt_id: int = -1
     prefix: Rollout | None = None
-    """The partial rollout this sequence resumes (prefix resume), or None."""
+    """The rollout this sequence resumes (an aborted partial, or a multi-turn rollout ending in
+    environment tokens), or None."""
+    turn: int | None = None
+    """`Rollout.turns` value of the tokens generated here (None: the rollout records no turns)."""
+    turn_start: int = -1
+    """Index in ``token_ids`` where this model turn began (stop strings are looked for from
+    here); -1 = after the prompt."""
     slot: int = -1
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
@@ -50,9 +57,18 @@ class Sequence:
     """MoE models: expert ids of the tokens forwarded so far, in chunks of [tokens, layers, k]
     (the prefill's chunk covers the prompt and any resumed partial; each decode adds one)."""
 
+    def __post_init__(self) -> None:
+        if self.turn_start < 0:
+            self.turn_start = len(self.prompt_ids)
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def continues(self) -> bool:
+        """Whether this is the next model turn of a rollout that ended in environment tokens."""
+        return self.prefix is not None and self.prefix.ends_with_environment
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -88,7 +104,9 @@ class Sequence:
     def to_rollout(self, text: str | None = None) -> Rollout:
         """The finished (or aborted) sample as a `Rollout`, joined onto its resumed prefix."""
         n_new = self.num_new_tokens
-        routing = self._routing()
+        # A continuation's environment tokens were never routed by a forward that produced
+        # a token, and its prefix may come from parked KV: no routing record.
+        routing = None if self.continues else self._routing()
         new = Rollout(
             prompt_ids=np.asarray(self.prompt_ids, dtype=np.int32),
             completion_ids=np.asarray(self.token_ids[len(self.token_ids) - n_new:], dtype=np.int32),
@@ -104,6 +122,7 @@ class Sequence:
             prompt_id=self.prompt_id,
             info={"seed": self.seed},
             routed_experts=routing if self.prefix is None else None,
+            turns=None if self.turn is None else np.full(n_new, self.turn, dtype=np.int16),
         )
         out = self.prefix.extend(new, routing) if self.prefix is not None else new
         out.text = text
@@ -130,6 +149,9 @@ class SequenceGroup:
 
     request_id: str
     seqs: list[Sequence]
+    reused: int = 0
+    """Leading positions served from parked KV at admission (set by the scheduler); the
+    prefill forwards only ``prefill_ids[reused:]``."""
 
     @property
     def n(self) -> int:

@@ -10,7 +10,14 @@ class EngineStats:
     tokens_generated: int = 0
     """Tokens sampled (one per sequence per step, the first one from the prefill included)."""
     prefill_tokens: int = 0
-    """Prompt tokens prefilled (a shared prefill counts once for its n samples)."""
+    """Tokens forwarded by prefills (a shared prefill counts once for its n samples; a
+    continuation served from parked KV counts only its new tokens)."""
+    reused_prefix_tokens: int = 0
+    """Tokens of continuations served from parked KV instead of being prefilled again."""
+    parked_hits: int = 0
+    """Continuations admitted whose prefix KV was parked here."""
+    parked_misses: int = 0
+    """Continuations admitted with no usable parked KV (prefilled whole)."""
     prefill_steps: int = 0
     decode_steps: int = 0
     prefill_seconds: float = 0.0

@@ -9,6 +9,11 @@
 
 Every check runs before anything changes: on a refused update the engine keeps its weights and
 version. A newer update supersedes a staged (drain) one.
+
+Parked KV caches (finished turns kept for their continuation) are treated like the running
+sequences' caches: kept across an update, so a continuation attends to keys computed under the
+weights of its earlier turns, unless a KV recompute is requested; then they are dropped at the
+swap (their continuations prefill everything under the new weights).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, m
         scheduler = engine.scheduler
         if mode == "drain" and scheduler.running:
             staged = {k: v.detach().to(engine.device, engine.dtype, copy=True) for k, v in named.items()}
-            engine._pending_update = (staged, version, time.time())
+            engine._pending_update = (staged, version, recompute)
             scheduler.admitting = False
             report["pending"] = True
         else:
@@ -71,8 +76,10 @@ def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, m
                 engine._outbox.extend(engine._finish(s) for s in seqs)
                 report["aborted"] = len(seqs)
             report["swap_seconds"] = swap(engine, named, version)
+            engine.runner.apply_moves(scheduler.take_moves())
+            if recompute:
+                engine.runner.parked.clear()
             if mode == "inflight" and recompute and scheduler.running:
-                engine.runner.apply_moves(scheduler.take_moves())
                 engine.runner.recompute(scheduler.running)
                 report["recomputed"] = len(scheduler.running)
             report["applied"] = True
@@ -96,8 +103,10 @@ def swap(engine: Engine, named: dict[str, torch.Tensor], version: int) -> float:
 
 def apply_pending(engine: Engine) -> None:
     """Swap in a staged (drain) update once the running batch is empty; admit again."""
-    named, version, _ = engine._pending_update
+    named, version, recompute = engine._pending_update
     engine._pending_update = None
     swap(engine, named, version)
+    if recompute:
+        engine.runner.parked.clear()
     engine.scheduler.admitting = True
     logger.debug("engine: drained, now at version %d", version)

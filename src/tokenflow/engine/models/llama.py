@@ -19,6 +19,7 @@ from tokenflow.engine.errors import UnsupportedModel
 from tokenflow.engine.models.attention import (
     AttentionContext,
     decode_attention,
+    extend_attention,
     prefill_attention,
 )
 from tokenflow.engine.models.rope import apply_rope, rope_tables
@@ -100,8 +101,9 @@ class LlamaAttention(nn.Module):
         if ctx.kind == "decode":
             out = decode_attention(q[:, 0], k[:, 0], v[:, 0], ctx, layer, self.scaling)
         else:
-            out = prefill_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                    ctx, layer, self.scaling).transpose(1, 2)
+            attend = extend_attention if ctx.kind == "extend" else prefill_attention
+            out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         ctx, layer, self.scaling).transpose(1, 2)
         return self.o_proj(out.reshape(n, t, -1))
 
 

@@ -18,7 +18,8 @@ What vLLM gives and what this adapter adds:
 * n samples: one vLLM request each, with seeds derived from the request seed and the sample
   index (vLLM gives every child of an ``n > 1`` request the same seeded stream).
 * Prefix caching is off: a cached prompt block computed under old weights would otherwise be
-  reused by requests admitted after an update.
+  reused by requests admitted after an update. A multi-turn continuation therefore prefills
+  its whole prefix again (``SamplingParams.park_kv`` is the built-in engine's and is ignored).
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights reach it
 by reference; see `tokenflow.engine.vllm.weight_load`.
@@ -156,7 +157,7 @@ class VLLMEngine:
             self._counter += 1
             for seq in group.seqs:
                 sample = Sample(seq.request_id, seq.sample_index, seq.group_id, seq.prompt_id,
-                                 seq.prompt_ids, params, seq.seed, seq.prefix)
+                                 seq.prompt_ids, params, seq.seed, seq.prefix, seq.turn)
                 if self._pending is not None:
                     self._held.append(sample)  # drain: nothing new starts before the swap
                 else:

@@ -15,7 +15,8 @@ from tokenflow.rollout import Rollout
 
 @dataclass(eq=False)
 class Sample:
-    """One sample of one request, as vLLM runs it (a resumed sample continues a partial)."""
+    """One sample of one request, as vLLM runs it (a resumed sample continues a partial, or a
+    multi-turn rollout after its environment tokens)."""
 
     request_id: str
     sample_index: int
@@ -25,6 +26,8 @@ class Sample:
     params: SamplingParams
     seed: int
     prefix: Rollout | None = None
+    turn: int | None = None
+    """`Rollout.turns` value of the tokens generated here (None: no turns recorded)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -38,7 +41,8 @@ class Sample:
                       finish_reason=finish_reason, temperature=self.params.temperature,
                       support_logmass=np.zeros(len(self.tokens), dtype=np.float32),
                       request_id=self.request_id, sample_index=self.sample_index,
-                      group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed})
+                      group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed},
+                      turns=None if self.turn is None else np.full(len(self.tokens), self.turn, np.int16))
         out = self.prefix.extend(new) if self.prefix is not None else new
         out.text = text
         return out
