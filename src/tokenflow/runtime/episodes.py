@@ -71,14 +71,14 @@ class _Episode:
     bridge: object = None
     max_turns: int = 1
     prompt_ids: list[int] = field(default_factory=list)
-    messages: list[dict] = field(default_factory=list)
     rollout: Rollout | None = None
     """The current training row (prompt_ids + completion so far)."""
     rows: list[Rollout] = field(default_factory=list)
     """Finished earlier rows (only when the template does not preserve prefixes)."""
-    turns: int = 0
-    step_reward: float = 0.0
-    info: dict = field(default_factory=dict)
+    record: object = None
+    """The `tokenflow.envs.Episode` the rubric scores (messages, step rewards, info, state)."""
+    last_message: dict | None = None
+    """The last assistant turn as `Environment.parse` recorded it (shapes the environment ids)."""
     future: Future | None = None
     deadline: float = 0.0
     pending: str = ""
@@ -89,6 +89,10 @@ class _Episode:
     @property
     def done(self) -> bool:
         return self.finish is not None
+
+    @property
+    def turns(self) -> int:
+        return self.record.turns if self.record is not None else 0
 
     @property
     def engine_rid(self) -> str:
@@ -153,9 +157,11 @@ class EpisodeDriver:
         cls = self._classes.get(spec.env)
         if cls is None:
             cls = self._classes[spec.env] = _load_env_class(spec.env)
+        from tokenflow.envs import Episode
+
         episodes = []
         for i in range(params.n):
-            ep = _Episode(request_id, i, group_id, prompt_id, seed=_seed_of(params, i))
+            ep = _Episode(request_id, i, group_id, prompt_id, seed=_seed_of(params, i), record=Episode(spec.example))
             ep.max_turns = spec.max_turns or int(getattr(cls, "max_turns", 1))
             episodes.append(ep)
             self._by_key[ep.engine_rid] = ep
@@ -199,14 +205,21 @@ class EpisodeDriver:
             return
         ep.rollout = r
         turn_ids = r.completion_ids[self._turn_start(r):].tolist()
-        text = self.tokenizer.decode(turn_ids, skip_special_tokens=True)
-        message = {"role": "assistant", "content": text}
-        ep.messages.append(message)
-        if r.finish_reason == "length":
-            ep.finish = self._length_reason(ep, r)
+        raw = ep.bridge.assistant_message(turn_ids)  # decoded to be read, never encoded again
+        try:
+            message = ep.env.parse(raw)
+        except Exception as e:  # noqa: BLE001 - a user environment may raise anything
+            ep.record.record(raw, None)
+            self._fail(ep, f"environment parse raised {type(e).__name__}: {e}")
             return
+        if not ep.bridge.ends_turn(turn_ids):  # out of tokens, or an EOS that is not a turn end
+            ep.record.record(message, None)
+            ep.record.truncated = True
+            ep.finish = self._length_reason(ep, r) if r.finish_reason == "length" else "stop"
+            return
+        ep.last_message = message
         spec = self._requests[ep.request_id][2]
-        self._call(ep, "step", ep.env.step(message), spec.step_timeout_s)
+        self._call(ep, "step", ep.env.step(raw), spec.step_timeout_s)
 
     def _turn_start(self, r: Rollout) -> int:
         """Index in ``r.completion_ids`` where the last model turn starts."""
@@ -282,51 +295,53 @@ class EpisodeDriver:
         from tokenflow.envs.bridge import ChatBridge
 
         ep.env = env
-        ep.messages = messages
+        ep.record.messages = list(messages)
         ep.bridge = ChatBridge(self.tokenizer, tools=tools or None)
         self._check_template(ep)
-        ep.prompt_ids = list(ep.bridge.prompt_ids(messages))
+        ep.prompt_ids = list(ep.bridge.prompt_ids(ep.record.messages))
         self._submit_turn(ep, None)
 
     def _check_template(self, ep: _Episode) -> None:
-        key = repr(getattr(self.tokenizer, "chat_template", None))
+        """The prefix rule, checked once per set of tools (it can depend on how tools render)."""
+        key = _tools_key(ep.bridge)
         if key not in self._preserves:
-            ok = ep.bridge.preserves_prefixes()
-            ok, why = ok if isinstance(ok, tuple) else (bool(ok), "")
-            self._preserves[key] = (ok, why)
-            if not ok:
+            check = ep.bridge.prefix_check()
+            self._preserves[key] = (check.ok, check.reason)
+            if not check.ok:
                 log.warning("the chat template does not preserve prefixes (%s): every model turn starts "
-                            "a new training row, prompted with the template's own rendering", why)
+                            "a new training row, prompted with the template's own rendering", check.reason)
 
-    def _preserving(self) -> bool:
-        key = repr(getattr(self.tokenizer, "chat_template", None))
-        return self._preserves.get(key, (True, ""))[0]
+    def _preserving(self, ep: _Episode) -> bool:
+        return self._preserves.get(_tools_key(ep.bridge), (True, ""))[0]
 
     def _on_step(self, ep: _Episode, result) -> None:
-        observations, reward, done, info = _unpack_step(result)
-        ep.turns += 1
+        from tokenflow.envs import StepResult
+
+        if not isinstance(result, StepResult):
+            observations, reward, done, info = result  # a plain 4-tuple is accepted too
+            result = StepResult(list(observations or []), reward, bool(done), dict(info or {}))
         self.counts["turns"] += 1
-        if reward is not None:
-            ep.step_reward += float(reward)
-        _merge_info(ep.info, info)
-        if done:
+        last = ep.turns + 1 >= ep.max_turns
+        # At the turn limit an unfinished episode is cut: its observations would answer nothing.
+        ep.record.record(ep.last_message, result, keep_observations=result.done or not last)
+        if result.done:
             ep.finish = "stop"
             return
-        if ep.turns >= ep.max_turns:
+        if last:
+            ep.record.truncated = True
             ep.finish = "max_turns"
             return
-        observations = list(observations or [])
-        ep.messages.extend(observations)
-        if not self._preserving():
+        observations = list(result.observations)
+        if not self._preserving(ep):
             self.counts["new_rows"] += 1
             ep.rows.append(ep.rollout)
-            ep.prompt_ids = list(ep.bridge.prompt_ids(ep.messages))
+            ep.prompt_ids = list(ep.bridge.prompt_ids(ep.record.messages))
             if len(ep.prompt_ids) >= self.engine.max_model_len - 1:
                 ep.rollout, ep.finish = ep.rows.pop(), "context_length"
                 return
             self._submit_turn(ep, None)
             return
-        env_ids = list(ep.bridge.environment_ids(observations))
+        env_ids = list(ep.bridge.environment_ids(observations, assistant=ep.last_message))
         r = ep.rollout
         spec = self._requests[ep.request_id][2]
         if len(r.prompt_ids) + r.num_tokens + len(env_ids) >= self.engine.max_model_len - 1:
@@ -367,6 +382,7 @@ class EpisodeDriver:
             for ep in episodes:
                 rows.extend(self._rows_of(ep))
                 self._by_key.pop(ep.engine_rid, None)
+                self.engine.abort(ep.engine_rid)  # nothing runs: this frees its parked KV cache
                 self._close_env(ep)
             del self._requests[rid]
             out.append((rid, rows))
@@ -378,9 +394,9 @@ class EpisodeDriver:
             rows = [Rollout(prompt_ids=ep.prompt_ids or [0], completion_ids=[], logprobs=[], versions=[],
                             request_id=ep.request_id, sample_index=ep.index, group_id=ep.group_id,
                             prompt_id=ep.prompt_id)]
-        summary = {"env": self._requests[ep.request_id][2].env, "messages": ep.messages,
-                   "step_reward": ep.step_reward, "turns": ep.turns,
-                   "finish": ep.finish, "info": ep.info, "error": ep.error, "rows": len(rows)}
+        ep.record.state = _picklable(getattr(ep.env, "state", {}) or {})
+        summary = {"env": self._requests[ep.request_id][2].env, "episode": ep.record, "turns": ep.turns,
+                   "finish": ep.finish, "info": ep.record.info, "error": ep.error, "rows": len(rows)}
         for k, r in enumerate(rows):
             r.request_id, r.sample_index = ep.request_id, ep.index
             r.group_id, r.prompt_id = ep.group_id, ep.prompt_id
@@ -415,22 +431,23 @@ def _seed_of(params, index: int) -> int:
     return derive_seed(base, index)
 
 
-def _unpack_step(result):
-    if isinstance(result, tuple):
-        observations, reward, done, info = result
-    else:
-        observations, reward, done, info = result.observations, result.reward, result.done, result.info
-    return observations, reward, bool(done), dict(info or {})
+def _tools_key(bridge) -> tuple:
+    return tuple(sorted(getattr(t, "__name__", repr(t)) for t in bridge.tools))
 
 
-def _merge_info(into: dict, info: dict) -> None:
-    """Numbers add up over the steps of an episode (counts such as malformed tool calls); other
-    values keep the latest."""
-    for k, v in info.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(into.get(k), (int, float)):
-            into[k] = into[k] + v
-        else:
-            into[k] = v
+def _picklable(state: dict) -> dict:
+    """The environment's state as far as it can cross to the scorer process (a socket or a
+    subprocess handle in it cannot, and is left out rather than failing the episode)."""
+    import pickle
+
+    out = {}
+    for k, v in state.items():
+        try:
+            pickle.dumps(v)
+        except Exception:  # noqa: BLE001 - anything unpicklable is simply not sent
+            continue
+        out[k] = v
+    return out
 
 
 def run_episodes(engine, specs: list[EpisodeSpec], params, on_progress=None) -> list[list[Rollout]]:

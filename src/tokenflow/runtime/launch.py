@@ -38,20 +38,23 @@ def default_config_path() -> Path:
     return preset_path(DEFAULT_PRESET)
 
 
+SHIPPED_MODELS = {
+    "default": ("default_model", "make_default_model"),
+    "default-moe": ("default_moe_model", "make_moe_model"),
+    "default-tool": ("tool_model", "make_tool_model"),
+}
+"""``model.path`` names of the tiny models the package ships: (assets folder, the script that
+rebuilds it)."""
+
+
 def resolve_model_path(path: str) -> str:
-    if path == "default-moe":
-        p = default_moe_model_path()
+    if path in SHIPPED_MODELS:
+        folder, script = SHIPPED_MODELS[path]
+        p = Path(str(resources.files("tokenflow") / "assets" / folder))
         if not (p / "model.safetensors").is_file():
             raise FileNotFoundError(
-                f"the default MoE model is missing from {p}; rebuild it with "
-                "`python -m tokenflow.tools.make_moe_model --out src/tokenflow/assets/default_moe_model`")
-        return str(p)
-    if path == "default":
-        p = default_model_path()
-        if not (p / "model.safetensors").is_file():
-            raise FileNotFoundError(
-                f"the default model is missing from {p}; rebuild it with "
-                "`python -m tokenflow.tools.make_default_model --out src/tokenflow/assets/default_model`")
+                f"the shipped model {path!r} is missing from {p}; rebuild it with "
+                f"`python -m tokenflow.tools.{script} --out src/tokenflow/assets/{folder}`")
         return str(p)
     if not Path(path).is_dir():
         from tokenflow.runtime.preflight import InputError
