@@ -107,6 +107,9 @@ def prepare(cfg, model: str):
     preflight.check_model_folder(model)
     tokenizer = preflight.load_tokenizer(model)
     task = build_task(cfg.task)
+    if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
+        preflight.check_environment(task, tokenizer)
+        return task, tokenizer
     preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
     return task, tokenizer
