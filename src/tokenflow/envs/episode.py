@@ -79,8 +79,9 @@ one model turn per prompt, ending with one of ``stop_token_ids`` unless it ran o
 
 
 async def run_episodes(env_cls: type[Environment], examples: Sequence[dict], tokenizer, generate: Generate,
-                       **bridge_kwargs) -> list[Trajectory]:
-    """Play one episode per example, all turns of one round in one ``generate`` call."""
+                       max_len: int | None = None, **bridge_kwargs) -> list[Trajectory]:
+    """Play one episode per example, all turns of one round in one ``generate`` call. An episode
+    whose ids reach ``max_len`` (the model's context) ends there, truncated."""
     envs = [env_cls() for _ in examples]
     bridges: dict[tuple, ChatBridge] = {}
     trajs: list[Trajectory] = []
@@ -126,6 +127,9 @@ async def run_episodes(env_cls: type[Environment], examples: Sequence[dict], tok
                 env_ids = used[i].environment_ids(result.observations, assistant=message)
                 trajs[i].completion_ids += env_ids
                 trajs[i].loss_mask += [0] * len(env_ids)
+                if max_len is not None and len(trajs[i].prompt_ids) + len(trajs[i].completion_ids) >= max_len:
+                    episode.truncated = True
+                    continue
                 active.append(i)
     finally:
         for env in envs:
