@@ -96,6 +96,18 @@ def test_what_chatml_writes_after_the_turn_end_starts_the_environment_ids():
         "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_the_turn_end_is_the_first_special_token_after_the_content():
+    # A template that writes two special tokens after each turn: the model stops on the first,
+    # so the second is the environment's.
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|><|endoftext|>{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, chat_template=template)
+    assert tok.convert_ids_to_tokens(list(bridge.turn_end_ids)) == ["<|im_end|>"]
+    assert tok.decode(bridge.environment_ids([{"role": "user", "content": "more"}])) == \
+        "<|endoftext|><|im_start|>user\nmore<|im_end|><|endoftext|><|im_start|>assistant\n"
+
+
 def test_prompt_ids_are_the_templates_ids_as_a_plain_list():
     tok = llama3_1_tokenizer()
     bridge = ChatBridge(tok, [mul])

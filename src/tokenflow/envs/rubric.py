@@ -92,8 +92,7 @@ class Rubric:
             values = await self._values(fn, wants, episodes)
             for i, v in enumerate(values):
                 out[i][fn.__name__] = v
-                if weight != 0.0:
-                    total[i] += weight * v
+                total[i] += weight * v  # weight 0: a metric (values are finite, so it adds 0)
         if any(ep.step_rewards for ep in episodes):
             for i, ep in enumerate(episodes):
                 out[i]["step_reward"] = float(sum(ep.step_rewards))
