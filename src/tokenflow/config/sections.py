@@ -58,7 +58,8 @@ class EpisodeConfig(ConfigModel):
 class TaskConfig(ConfigModel):
     name: str = "arithmetic"
     """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),
-    or a task a plugin registers (docs/plugins.md)."""
+    "env" (multi-turn episodes of ``env``, examples drawn from the environment class), or a task a
+    plugin registers (docs/plugins.md)."""
     seed: int = 0
     """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
     num_eval: int = Field(default=256, ge=1)
@@ -73,7 +74,11 @@ class TaskConfig(ConfigModel):
     """Column holding the prompt text."""
     reward: str | None = None
     """Reward function as "module:function", "path/to/file.py:function", or the name of a
-    registered scorer (docs/plugins.md)."""
+    registered scorer (docs/plugins.md). Not with ``env`` (an environment's rubric scores)."""
+    env: str | None = None
+    """Environment class for multi-turn episodes and tool use, as "module:Class" or
+    "path/to/file.py:Class" (docs/environments.md). Needs name = "env" (examples from the class)
+    or name = "dataset" (examples are the rows of train_path)."""
     chat_template: bool = False
     """Wrap each prompt in the tokenizer's chat template as a user message."""
     system_prompt: str | None = None
@@ -94,6 +99,9 @@ class TaskConfig(ConfigModel):
     def _task_accepts_settings(self) -> "TaskConfig":
         from tokenflow.registry import TASKS
 
+        if self.env and self.name not in ("env", "dataset"):
+            raise ValueError(f'task.env is set but task.name = "{self.name}"; use task.name = "env" (examples '
+                             'from the environment class) or "dataset" (examples from task.train_path)')
         TASKS.validate(self.name, self)  # what the chosen task needs is declared with it
         return self
 
