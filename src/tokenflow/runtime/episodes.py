@@ -108,8 +108,35 @@ class _EnvLoop:
         self.thread = threading.Thread(target=self.loop.run_forever, name="env-loop", daemon=True)
         self.thread.start()
 
-    def submit(self, coro, timeout: float) -> Future:
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop)
+    def submit(self, make_coro, timeout: float) -> Future:
+        """Run ``make_coro()`` on the loop under ``timeout``. The coroutine is made on the loop,
+        when it starts, so a call cancelled before it starts leaves no coroutine unawaited."""
+        fut: Future = Future()
+
+        def start() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            task = self.loop.create_task(asyncio.wait_for(make_coro(), timeout))
+            fut.task = task
+
+            def done(t: asyncio.Task) -> None:
+                if t.cancelled():
+                    fut.set_exception(asyncio.CancelledError())
+                elif t.exception() is not None:
+                    fut.set_exception(t.exception())
+                else:
+                    fut.set_result(t.result())
+
+            task.add_done_callback(done)
+
+        self.loop.call_soon_threadsafe(start)
+        return fut
+
+    def cancel(self, fut: Future) -> None:
+        if not fut.cancel():  # already started: cancel its task on the loop
+            task = getattr(fut, "task", None)
+            if task is not None:
+                self.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -165,7 +192,7 @@ class EpisodeDriver:
             ep.max_turns = spec.max_turns or int(getattr(cls, "max_turns", 1))
             episodes.append(ep)
             self._by_key[ep.engine_rid] = ep
-            self._call(ep, "reset", self._reset(cls, spec.example), spec.step_timeout_s)
+            self._call(ep, "reset", lambda: self._reset(cls, spec.example), spec.step_timeout_s)
         self._requests[request_id] = (params, episodes, spec)
         self.counts["episodes"] += params.n
 
@@ -183,7 +210,7 @@ class EpisodeDriver:
             self._by_key.pop(ep.engine_rid, None)
             self.engine.abort(ep.engine_rid)
             if ep.future is not None:
-                ep.future.cancel()
+                self._loop.cancel(ep.future)
             self._close_env(ep)
 
     @property
@@ -204,6 +231,8 @@ class EpisodeDriver:
                                     request_id=ep.engine_rid, resume=r)
             return
         ep.rollout = r
+        ep.record.turns += 1
+        self.counts["turns"] += 1
         turn_ids = r.completion_ids[self._turn_start(r):].tolist()
         raw = ep.bridge.assistant_message(turn_ids)  # decoded to be read, never encoded again
         try:
@@ -219,7 +248,8 @@ class EpisodeDriver:
             return
         ep.last_message = message
         spec = self._requests[ep.request_id][2]
-        self._call(ep, "step", ep.env.step(raw), spec.step_timeout_s)
+        env = ep.env
+        self._call(ep, "step", lambda: env.step(raw), spec.step_timeout_s)
 
     def _turn_start(self, r: Rollout) -> int:
         """Index in ``r.completion_ids`` where the last model turn starts."""
@@ -249,10 +279,10 @@ class EpisodeDriver:
         return int(params.max_tokens)  # sampling.max_tokens bounds each model turn
 
     # ---- environment side --------------------------------------------------------------------
-    def _call(self, ep: _Episode, what: str, coro, timeout: float) -> None:
+    def _call(self, ep: _Episode, what: str, make_coro, timeout: float) -> None:
         ep.pending = what
         ep.deadline = time.monotonic() + timeout + GRACE_S
-        ep.future = self._loop.submit(coro, timeout)
+        ep.future = self._loop.submit(make_coro, timeout)
 
     def poll(self) -> list[tuple[str, list[Rollout]]]:
         """Handle environment results that landed; return ``(request id, rows)`` of every
@@ -264,7 +294,7 @@ class EpisodeDriver:
                 continue
             if not fut.done():
                 if now > ep.deadline:  # the env loop itself is stuck: give up on this one
-                    fut.cancel()
+                    self._loop.cancel(fut)
                     ep.future = None
                     self._fail(ep, f"environment {ep.pending} did not return (the env loop is blocked)",
                                timeout=True)
@@ -320,8 +350,7 @@ class EpisodeDriver:
         if not isinstance(result, StepResult):
             observations, reward, done, info = result  # a plain 4-tuple is accepted too
             result = StepResult(list(observations or []), reward, bool(done), dict(info or {}))
-        self.counts["turns"] += 1
-        last = ep.turns + 1 >= ep.max_turns
+        last = ep.turns >= ep.max_turns
         # At the turn limit an unfinished episode is cut: its observations would answer nothing.
         ep.record.record(ep.last_message, result, keep_observations=result.done or not last)
         if result.done:

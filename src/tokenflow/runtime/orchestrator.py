@@ -254,6 +254,10 @@ class Orchestrator:
         if all(r.failed for r in rollouts):
             # Nothing to learn from, and the next batch will be no different: stop instead of
             # "training" on nothing to the end and exiting 0.
+            if getattr(self.cfg.task, "env", None):
+                why = rollouts[0].info.get("env_error") or rollouts[0].info.get("score_error", "unknown")
+                raise RunFailed(f"every episode of step {step} failed (first error: {why}); fix the "
+                                f"environment {self.cfg.task.env!r} or its rubric, then resume")
             why = rollouts[0].info.get("score_error", "unknown")
             raise RunFailed(f"every sample of step {step} failed scoring (first error: {why}); "
                             f"fix the reward function {self.task.reward_spec!r}, then resume")
