@@ -131,6 +131,7 @@ def test_calls_already_split_out_are_run_as_given():
         {"id": "x", "type": "function", "function": {"name": "mul", "arguments": '{"a": 3, "b": 3}'}}]}
     obs, _, done, info = asyncio.run(Plain().step(message))
     assert obs[0]["content"] == "9" and not done and info["tool_calls"] == 1
+    assert obs[0]["tool_call_id"] == "x"  # the answer names the call it answers
 
 
 def test_environment_settings_are_checked_when_the_class_is_defined():

@@ -71,11 +71,11 @@ class ToolEnvironment(Environment):
 
     # ---- the step ---------------------------------------------------------------------------------
     async def step(self, assistant_message: dict) -> StepResult:
-        calls = self._calls_of(assistant_message)
+        calls, given_ids = self._calls_of(assistant_message)
         info = {"tool_calls": 0, "malformed_tool_calls": 0, "tool_errors": 0}
         if not calls:
             return StepResult([], None, True, info)
-        ids = self._ids(len(calls), self._calls_made)
+        ids = [given or made for given, made in zip(given_ids, self._ids(len(calls), self._calls_made))]
         self._calls_made += len(calls)
         observations = []
         for call, call_id in zip(calls, ids):
@@ -85,7 +85,8 @@ class ToolEnvironment(Environment):
                                  "name": call.name or "", "content": content})
         return StepResult(observations, None, False, info)
 
-    def _calls_of(self, message: dict) -> list[ParsedCall]:
+    def _calls_of(self, message: dict) -> tuple[list[ParsedCall], list[str | None]]:
+        """The turn's calls, and the ids they already carry (None: to be given one)."""
         if message.get("tool_calls"):  # already split out (an OpenAI-style client wrote them)
             out: list[ParsedCall] = []
             for tc in message["tool_calls"]:
@@ -99,8 +100,9 @@ class ToolEnvironment(Environment):
                                                  fn.get("name")))
                         continue
                 out.append(ToolCall(fn.get("name", ""), args if isinstance(args, dict) else {}, (0, 0)))
-            return out
-        return self.parse_calls(message.get("content") or "")
+            return out, [tc.get("id") for tc in message["tool_calls"]]
+        calls = self.parse_calls(message.get("content") or "")
+        return calls, [None] * len(calls)
 
     async def _answer(self, call: ParsedCall) -> tuple[str, str]:
         """(info counter, tool message content) for one call."""

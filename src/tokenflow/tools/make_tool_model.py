@@ -143,8 +143,8 @@ def batch_tensors(rows, pad_id: int):
     return ids, labels
 
 
-def greedy_episodes(model, tokenizer, examples: list[dict], max_tokens: int = 24):
-    """Play held-out episodes greedily with the built-in engine; returns the trajectories."""
+def play_episodes(model, tokenizer, examples: list[dict], temperature: float = 0.0, max_tokens: int = 24):
+    """Play episodes with the built-in engine (greedily by default); returns the trajectories."""
     from tokenflow.engine import EngineConfig, SamplingParams
     from tokenflow.engine.llm_engine import Engine
     from tokenflow.envs.calculator import CalculatorEnv
@@ -157,8 +157,8 @@ def greedy_episodes(model, tokenizer, examples: list[dict], max_tokens: int = 24
     context = engine.max_model_len
 
     def generate(prompts, stop):
-        params = [SamplingParams(temperature=0.0, max_tokens=min(max_tokens, context - len(p)), stop_token_ids=stop)
-                  for p in prompts]
+        params = [SamplingParams(temperature=temperature, max_tokens=min(max_tokens, context - len(p)),
+                                 stop_token_ids=stop, seed=len(p) * 7919 + i) for i, p in enumerate(prompts)]
         return [list(group[0].completion_ids) for group in engine.generate(prompts, params)]
 
     try:
@@ -167,11 +167,12 @@ def greedy_episodes(model, tokenizer, examples: list[dict], max_tokens: int = 24
         engine.close()
 
 
-def measure(model, tokenizer, examples: list[dict]) -> dict:
-    """Held-out success of greedy episodes, mean model turns, and the same per question shape."""
+def measure(model, tokenizer, examples: list[dict], temperature: float = 0.0) -> dict:
+    """Held-out success of episodes (greedy by default), mean model turns, and the same per
+    question shape."""
     from tokenflow.envs.calculator import CalculatorEnv
 
-    trajs = greedy_episodes(model, tokenizer, examples)
+    trajs = play_episodes(model, tokenizer, examples, temperature)
     scores = CalculatorEnv.rubric.score([t.episode for t in trajs])
     ok = np.array([s["correct"] for s in scores])
     turns = np.array([t.episode.turns for t in trajs])
@@ -184,7 +185,7 @@ def measure(model, tokenizer, examples: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("src/tokenflow/assets/tool_model"))
-    ap.add_argument("--episodes", type=int, default=20000, help="demonstrated episodes (SFT rows)")
+    ap.add_argument("--episodes", type=int, default=10000, help="demonstrated episodes (SFT rows)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -247,11 +248,17 @@ def main(argv: list[str] | None = None) -> int:
                      figures["eval_success"], figures["mean_model_turns"])
     model.config.architectures = ["LlamaForCausalLM"]
     last = history[-1]
+    # What RL starts from: one sample per held-out question at temperature 1.
+    model.eval()
+    sampled = measure(model, tokenizer, held_out, temperature=1.0)
+    log.info("held-out success sampling at temperature 1: %.3f (a*b+c: %.3f)", sampled["eval_success"],
+             sampled["success_a_times_b_plus_c"])
     save_warm_started(model, tokenizer, args.out, history, t0, {
         "task": "env", "env": "tokenflow.envs.calculator:CalculatorEnv", "slip": args.slip, "seed": args.seed,
         "episodes": args.episodes, "steps": args.steps, "batch": args.batch, "lr": args.lr, "hidden": args.hidden,
         "layers": args.layers, "parameters": n_params, "threads": args.threads,
         "eval_success": last["eval_success"], "mean_model_turns": last["mean_model_turns"],
+        "sampled_t1": sampled,
         "eval": f"greedy episodes on CalculatorEnv.eval_examples(seed=0, n={args.num_eval}), built-in engine"})
     return 0
 
