@@ -1,5 +1,8 @@
 """Resolve a reward function named as ``module:function`` or ``path/to/file.py:function``.
 
+`load_attribute` resolves such a name to any object; ``task.env`` classes resolve through it too
+(`tokenflow.envs.loading`).
+
 Reward functions run in scorer worker processes, so they must be importable there by name:
 a lambda, a closure or a method defined under ``if __name__ == "__main__"`` is refused here, at
 start, with a message saying what to do instead.
