@@ -139,6 +139,19 @@ class _EnvLoop:
                 self.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
+        """Cancel what still runs (its environments are closed by then), then stop the loop. A
+        loop that a blocking environment holds is left to its daemon thread after a second."""
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout=1.0)
+        except Exception:  # noqa: BLE001 - a blocked loop: nothing more to do for it
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=1.0)
 
