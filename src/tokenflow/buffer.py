@@ -138,7 +138,8 @@ class RolloutBuffer:
             del self.in_flight[gid]
             batch.append(group)
             for r in group:
-                ages = trainer_version - r.versions
+                # Generated tokens only: environment tokens (loss mask 0) were never sampled.
+                ages = trainer_version - r.versions[r.loss_mask > 0]
                 vals, counts = np.unique(ages, return_counts=True)
                 for a, c in zip(vals.tolist(), counts.tolist()):
                     self.stats.age_histogram[int(a)] += int(c)

@@ -173,7 +173,8 @@ AGGREGATIONS = Registry("aggregation mode", "algorithm.aggregation")
 :mod:`tokenflow.algorithms.aggregation`."""
 
 TASKS = Registry("task", "task.name")
-"""``factory(TaskConfig) -> Task``; see :mod:`tokenflow.tasks.base`."""
+"""``factory(TaskConfig) -> Task``; see :mod:`tokenflow.tasks.base`. Tasks other than "env" and
+"dataset" refuse ``task.env`` (checked by ``TaskConfig``)."""
 
 SCORERS = Registry("scorer", "task.reward")
 """Reward functions ``fn(prompt, completion, example) -> float | dict``, named by ``task.reward``
@@ -198,10 +199,36 @@ def _no_options(task) -> None:
                          f"task.name = {task.name!r} takes none: remove [task.options]")
 
 
+def _env_settings_check(task) -> None:
+    """Settings that conflict with task.env (an environment scores and opens its own episodes)."""
+    if ":" not in task.env:
+        raise ValueError(f"task.env = {task.env!r} must be 'module:Class' or 'path/to/file.py:Class'")
+    if task.reward:
+        raise ValueError("task.env and task.reward are both set: an environment's episodes are scored by its "
+                         "rubric (Environment.rubric) and step rewards; remove task.reward, or make the "
+                         "function part of the rubric")
+    if task.system_prompt:
+        raise ValueError("task.system_prompt does not apply to an environment: its reset() writes the opening "
+                         "messages (set Environment.system_prompt instead)")
+
+
+def _env_check(task) -> None:
+    _no_options(task)
+    if not task.env:
+        raise ValueError('task.name = "env" needs task.env = "module:Class" (an Environment subclass)')
+    if task.train_path or task.eval_path:
+        raise ValueError('task.name = "env" draws examples from the environment class; for examples from a '
+                         'file use task.name = "dataset" with task.env and task.train_path')
+    _env_settings_check(task)
+
+
 def _dataset_check(task) -> None:
     _no_options(task)
     if not task.train_path:
         raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
+    if task.env:
+        _env_settings_check(task)
+        return
     if not task.reward:
         raise ValueError('task.name = "dataset" needs task.reward = "module:function"')
 
@@ -227,5 +254,6 @@ AGGREGATIONS.add("dr_grpo_constant", _G + "dr_grpo_constant", check=_dr_grpo_con
 
 TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config", check=_no_options)
 TASKS.add("dataset", "tokenflow.tasks.dataset:from_config", check=_dataset_check)
+TASKS.add("env", "tokenflow.envs.task:from_config", check=_env_check)
 
 SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")

@@ -69,6 +69,34 @@ def generate_with_progress(engine, max_tokens: int, stop: tuple[str, ...]):
     return generate
 
 
+def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
+    """Held-out success of greedy multi-turn episodes (an environment task): the share of
+    episodes whose reward (rubric + step rewards) is at least 0.5, as the runtime's evaluation."""
+    from tokenflow.engine import SamplingParams
+    from tokenflow.runtime.episodes import EpisodeSpec, run_episodes
+    from tokenflow.runtime.progress import Progress
+    from tokenflow.scoring.episodes import episode_reward
+    from tokenflow.scoring.pool import normalise_reward, scored_text
+
+    prompts = task.eval_prompts()[:limit]
+    e = cfg.episode
+    specs = [EpisodeSpec(cfg.task.env, p.example, e.max_turns, e.max_total_tokens, e.step_timeout_s)
+             for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop=tuple(cfg.sampling.stop))
+    bar = Progress(len(prompts), description="eval", unit="episode")
+    try:
+        groups = run_episodes(engine, specs, params, on_progress=lambda done: bar.update(done, {}))
+    finally:
+        bar.close()
+    wins = 0
+    for p, rows in zip(prompts, groups):
+        if rows[-1].failed:
+            continue
+        reward = normalise_reward(episode_reward(p.text, [scored_text(r) for r in rows], p.example)[-1])
+        wins += reward["reward"] >= 0.5
+    return wins / max(1, len(prompts))
+
+
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import ConfigError, load_config
     from tokenflow.config.root import TrainConfig
@@ -90,8 +118,11 @@ def run(args, overrides: list[str] | None = None) -> int:
     task = build_task(cfg.task)
     limit = args.limit or cfg.run.eval_limit
     n = len(task.eval_prompts()[:limit])
-    acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
-                      engine.tokenizer, task, limit)
+    if getattr(cfg.task, "env", None):
+        acc = episode_accuracy(engine, task, cfg, limit)
+    else:
+        acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
+                          engine.tokenizer, task, limit)
     scored = getattr(task, "eval_source", f"{task.name} held-out split")
     if args.json:
         print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n, "accuracy": acc}))

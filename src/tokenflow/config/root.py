@@ -4,7 +4,7 @@
     prompts_per_step = 16
     max_staleness = 2        # 0 = synchronous
 
-Sections: run, model, task, scorer, rollout, sampling, engine, algorithm, trainer, sync, runtime,
+Sections: run, model, task, episode, scorer, rollout, sampling, engine, algorithm, trainer, sync, runtime,
 metrics.
 ``tokenflow train --help-config`` lists every key with its default and documentation.
 """
@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from tokenflow.algorithms.config import AlgorithmConfig
 from tokenflow.config.base import ConfigModel
 from tokenflow.config.sections import (
-    MetricsConfig, ModelConfig, RolloutConfig, RunConfig, RuntimeConfig, SamplingConfig,
+    EpisodeConfig, MetricsConfig, ModelConfig, RolloutConfig, RunConfig, RuntimeConfig, SamplingConfig,
     SyncConfig, TaskConfig,
 )
 from tokenflow.engine.config import EngineConfig
@@ -31,6 +31,8 @@ class TrainConfig(ConfigModel):
     """The policy to train."""
     task: TaskConfig = Field(default_factory=TaskConfig)
     """Prompts and reward."""
+    episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
+    """Turn and token limits of multi-turn episodes (tasks with an environment)."""
     scorer: ScorerConfig = Field(default_factory=ScorerConfig)
     """Token-shaped scorers beside the task's reward: a teacher (distillation), a PRM, a function."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

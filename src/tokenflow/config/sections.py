@@ -42,10 +42,24 @@ class ModelConfig(ConfigModel):
     """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
 
 
+class EpisodeConfig(ConfigModel):
+    """Limits of multi-turn episodes (tasks with ``task.env``; docs/environments.md)."""
+
+    max_turns: int | None = Field(default=None, ge=1)
+    """Model turns per episode; default: the environment's own ``max_turns``."""
+    max_total_tokens: int = Field(default=512, ge=1)
+    """Completion tokens per episode, generated and environment tokens together
+    (``sampling.max_tokens`` bounds each model turn)."""
+    step_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one environment ``reset`` or ``step``; past it the sample fails and the run
+    goes on."""
+
+
 class TaskConfig(ConfigModel):
     name: str = "arithmetic"
     """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),
-    or a task a plugin registers (docs/plugins.md)."""
+    "env" (multi-turn episodes of ``env``, examples drawn from the environment class), or a task a
+    plugin registers (docs/plugins.md)."""
     seed: int = 0
     """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
     num_eval: int = Field(default=256, ge=1)
@@ -60,7 +74,11 @@ class TaskConfig(ConfigModel):
     """Column holding the prompt text."""
     reward: str | None = None
     """Reward function as "module:function", "path/to/file.py:function", or the name of a
-    registered scorer (docs/plugins.md)."""
+    registered scorer (docs/plugins.md). Not with ``env`` (an environment's rubric scores)."""
+    env: str | None = None
+    """Environment class for multi-turn episodes and tool use, as "module:Class" or
+    "path/to/file.py:Class" (docs/environments.md). Needs name = "env" (examples from the class)
+    or name = "dataset" (examples are the rows of train_path)."""
     chat_template: bool = False
     """Wrap each prompt in the tokenizer's chat template as a user message."""
     system_prompt: str | None = None
@@ -81,6 +99,9 @@ class TaskConfig(ConfigModel):
     def _task_accepts_settings(self) -> "TaskConfig":
         from tokenflow.registry import TASKS
 
+        if self.env and self.name not in ("env", "dataset"):
+            raise ValueError(f'task.env is set but task.name = "{self.name}"; use task.name = "env" (examples '
+                             'from the environment class) or "dataset" (examples from task.train_path)')
         TASKS.validate(self.name, self)  # what the chosen task needs is declared with it
         return self
 

@@ -64,6 +64,7 @@ class EngineWorker:
         self._reported_tokens = 0
         self.running = True
         self.parent = ParentWatch()
+        self.episodes = None  # an EpisodeDriver, made on the first environment request
 
     # ---- commands ------------------------------------------------------------------------
     def handle(self, msg) -> None:
@@ -73,8 +74,15 @@ class EngineWorker:
             rid = f"{msg.kind}-{msg.group_id}"
             if rid in self.groups:  # re-sent after a restart, and also delivered from before it
                 return
-            self.engine.add_request(msg.prompt_ids, msg.params, request_id=rid,
-                                    group_id=msg.group_id, prompt_id=msg.prompt_id)
+            if msg.episode is not None:
+                if self.episodes is None:
+                    from tokenflow.runtime.episodes import EpisodeDriver
+
+                    self.episodes = EpisodeDriver(self.engine)
+                self.episodes.start(rid, msg.episode, msg.params, msg.group_id, msg.prompt_id)
+            else:
+                self.engine.add_request(msg.prompt_ids, msg.params, request_id=rid,
+                                        group_id=msg.group_id, prompt_id=msg.prompt_id)
             self.groups[rid] = _Group(msg)
         elif isinstance(msg, WeightsReady):
             self.pending_weights.append(msg)
@@ -102,16 +110,19 @@ class EngineWorker:
         elif isinstance(msg, AbortKind):
             for rid, g in list(self.groups.items()):
                 if g.msg.kind == msg.kind:
-                    self.engine.abort(rid)
+                    if self.episodes is not None and self.episodes.owns(rid):
+                        self.episodes.abort(rid)
+                    else:
+                        self.engine.abort(rid)
                     del self.groups[rid]
         elif isinstance(msg, Shutdown):
             self.running = False
         else:
             raise TypeError(f"engine worker got an unknown message {type(msg).__name__}")
 
-    def read_commands(self, block: bool) -> None:
+    def read_commands(self, block: bool, timeout: float = 0.05) -> None:
         try:
-            msg = self.cmd_q.get(timeout=0.05) if block else self.cmd_q.get_nowait()
+            msg = self.cmd_q.get(timeout=timeout) if block else self.cmd_q.get_nowait()
         except queue.Empty:
             return
         self.handle(msg)
@@ -189,7 +200,20 @@ class EngineWorker:
             else:
                 self.prefill_samples.append((st.prefill_tokens - prefill_tokens_before, st.last_step_seconds))
         for r in finished:
-            self.collect(r)
+            if self.episodes is not None and self.episodes.handles(r):
+                self.episodes.on_turn(r)
+            else:
+                self.collect(r)
+
+    def poll_episodes(self) -> None:
+        """Environment results that landed: continue episodes, and send the groups whose
+        episodes have all ended (a group of a multi-row episode holds more than n rows)."""
+        if self.episodes is None:
+            return
+        for rid, rows in self.episodes.poll():
+            group = self.groups.pop(rid, None)
+            if group is not None:
+                self.out_q.put(Envelope(self.name, Generated(group.msg.group_id, group.msg.kind, rows)))
 
     def collect(self, r: Rollout) -> None:
         group = self.groups.get(r.request_id)
@@ -231,7 +255,10 @@ class EngineWorker:
 
     def loop(self) -> None:
         while self.running:
-            self.read_commands(block=not self.can_step() and self.loading is None and not self.receiving)
+            waiting_on_env = self.episodes is not None and self.episodes.waiting_on_env
+            self.read_commands(block=not self.can_step() and self.loading is None and not self.receiving,
+                               timeout=0.002 if waiting_on_env else 0.05)
+            self.poll_episodes()
             if self.receiver is not None:
                 self.maybe_load_weights()
             if self.can_step():
@@ -244,6 +271,8 @@ class EngineWorker:
                 log.warning("%s: the orchestrator is gone; exiting", self.name)
                 break
         self.send_status(force=True)
+        if self.episodes is not None:
+            self.episodes.close()
         if self.receiver is not None:
             self.receiver.close()
         self.engine.close()

@@ -38,20 +38,23 @@ def default_config_path() -> Path:
     return preset_path(DEFAULT_PRESET)
 
 
+SHIPPED_MODELS = {
+    "default": ("default_model", "make_default_model"),
+    "default-moe": ("default_moe_model", "make_moe_model"),
+    "default-tool": ("tool_model", "make_tool_model"),
+}
+"""``model.path`` names of the tiny models the package ships: (assets folder, the script that
+rebuilds it)."""
+
+
 def resolve_model_path(path: str) -> str:
-    if path == "default-moe":
-        p = default_moe_model_path()
+    if path in SHIPPED_MODELS:
+        folder, script = SHIPPED_MODELS[path]
+        p = Path(str(resources.files("tokenflow") / "assets" / folder))
         if not (p / "model.safetensors").is_file():
             raise FileNotFoundError(
-                f"the default MoE model is missing from {p}; rebuild it with "
-                "`python -m tokenflow.tools.make_moe_model --out src/tokenflow/assets/default_moe_model`")
-        return str(p)
-    if path == "default":
-        p = default_model_path()
-        if not (p / "model.safetensors").is_file():
-            raise FileNotFoundError(
-                f"the default model is missing from {p}; rebuild it with "
-                "`python -m tokenflow.tools.make_default_model --out src/tokenflow/assets/default_model`")
+                f"the shipped model {path!r} is missing from {p}; rebuild it with "
+                f"`python -m tokenflow.tools.{script} --out src/tokenflow/assets/{folder}`")
         return str(p)
     if not Path(path).is_dir():
         from tokenflow.runtime.preflight import InputError
@@ -104,6 +107,9 @@ def prepare(cfg, model: str):
     preflight.check_model_folder(model)
     tokenizer = preflight.load_tokenizer(model)
     task = build_task(cfg.task)
+    if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
+        preflight.check_environment(task, tokenizer)
+        return task, tokenizer
     preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
     return task, tokenizer
@@ -162,12 +168,15 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         rd.config.write_text(to_toml(cfg))
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
+    reward_spec = task.reward_spec
+    if getattr(cfg.task, "env", None):  # multi-turn: the environment's rubric scores whole episodes
+        from tokenflow.scoring.episodes import REWARD_SPEC as reward_spec
     if cfg.runtime.backend == "ray":
         from tokenflow.runtime.ray_scoring import RayScorerPool
 
-        scorer = RayScorerPool(task.reward_spec, cfg)
+        scorer = RayScorerPool(reward_spec, cfg)
     else:
-        scorer = ScorerPool(task.reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+        scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
     scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume_state is not None else None)

@@ -24,6 +24,9 @@ class Generate:
     prompt_ids: list[int]
     params: object  # tokenflow.engine.SamplingParams (kept untyped here to stay import-light)
     kind: RequestKind = "train"
+    episode: object = None
+    """An environment task's `tokenflow.runtime.episodes.EpisodeSpec`: the engine worker runs
+    ``params.n`` multi-turn episodes (``prompt_ids`` is then unused: each reset gives its own)."""
 
 
 @dataclass(frozen=True)

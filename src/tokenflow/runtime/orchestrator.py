@@ -121,11 +121,21 @@ class Orchestrator:
         return self.cfg.run.steps * self.cfg.rollout.prompts_per_step
 
     def _send_generate(self, gid: int, prompt, kind: str, params) -> None:
-        ids = self.encode(prompt.text)
+        episode = self.episode_spec(prompt)
+        ids = [] if episode is not None else self.encode(prompt.text)  # an episode's reset gives its prompt
         engine = min(self.backend.engines, key=lambda h: h.load)
         engine.load += params.n
-        self.group_engine[gid] = engine
-        engine.send(M.Generate(gid, prompt.id, ids, params, kind))
+        self.group_engine[gid] = (engine, params.n)
+        engine.send(M.Generate(gid, prompt.id, ids, params, kind, episode=episode))
+
+    def episode_spec(self, prompt):
+        """An environment task's episode for ``prompt`` (None for single-turn tasks)."""
+        if not getattr(self.cfg.task, "env", None):
+            return None
+        from tokenflow.runtime.episodes import EpisodeSpec
+
+        e = self.cfg.episode
+        return EpisodeSpec(self.cfg.task.env, prompt.example, e.max_turns, e.max_total_tokens, e.step_timeout_s)
 
     def encode(self, text: str) -> list[int]:
         t = self.cfg.task
@@ -159,11 +169,12 @@ class Orchestrator:
 
     def handle(self, worker: str, msg) -> None:
         if isinstance(msg, M.Generated):
-            engine = self.group_engine.pop(msg.group_id, None)
-            if engine is None and msg.kind == "train":
+            sent = self.group_engine.pop(msg.group_id, None)
+            if sent is None and msg.kind == "train":
                 return  # not outstanding: a second copy after an engine restart, or aborted work
-            if engine is not None:
-                engine.load -= len(msg.rollouts)
+            if sent is not None:
+                engine, n = sent
+                engine.load -= n  # not len(rollouts): a multi-row episode brings more rows
             if msg.kind == "eval":
                 self.eval_results[msg.group_id] = msg.rollouts
                 return
@@ -243,6 +254,10 @@ class Orchestrator:
         if all(r.failed for r in rollouts):
             # Nothing to learn from, and the next batch will be no different: stop instead of
             # "training" on nothing to the end and exiting 0.
+            if getattr(self.cfg.task, "env", None):
+                why = rollouts[0].info.get("env_error") or rollouts[0].info.get("score_error", "unknown")
+                raise RunFailed(f"every episode of step {step} failed (first error: {why}); fix the "
+                                f"environment {self.cfg.task.env!r} or its rubric, then resume")
             why = rollouts[0].info.get("score_error", "unknown")
             raise RunFailed(f"every sample of step {step} failed scoring (first error: {why}); "
                             f"fix the reward function {self.task.reward_spec!r}, then resume")

@@ -91,6 +91,35 @@ def check_reward(task) -> None:
         raise InputError(f"reward function {spec!r}: {e}") from None
 
 
+def check_environment(task, tokenizer) -> None:
+    """An environment task, tried once before any process starts: the model's chat template
+    renders the environment's first held-out episode, and whether the template preserves
+    prefixes is said now (if not, every model turn becomes its own training row)."""
+    from tokenflow.envs import BridgeError, ChatBridge
+
+    prompt = (task.eval_prompts() or [task.train_prompt(0)])[0]
+    env = task.env_cls()
+    try:
+        try:
+            messages, tools = env.reset(prompt.example)
+        except Exception as e:  # noqa: BLE001 - a user environment may raise anything
+            raise InputError(f"{task.env_spec}.reset raised {type(e).__name__}: {e} on the first held-out "
+                             f"example {prompt.example!r}; fix the environment") from None
+        try:
+            bridge = ChatBridge(tokenizer, tools=list(tools or []) or None)
+            bridge.prompt_ids(messages)
+        except BridgeError as e:
+            raise InputError(f"task.env {task.env_spec}: {e}") from None
+        check = bridge.prefix_check()
+        if check.ok:
+            log.info("chat template: %s", check.reason)
+        else:
+            log.warning("the chat template does not preserve prefixes: %s. Every model turn becomes its "
+                        "own training row (episode/new_rows counts them)", check.reason)
+    finally:
+        env.close()
+
+
 def check_prompts_encode(task, encode) -> None:
     """Every character of the prompts must be encodable; name the ones that are not, and a row."""
     rows = getattr(task, "rows", None)

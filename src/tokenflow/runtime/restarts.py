@@ -23,7 +23,7 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
     its in-flight groups, with their original seeds. ``engine_versions`` keeps the dead
     engine's version until the new one reports a load: it cannot load anything older."""
     index, engine = next((i, h) for i, h in enumerate(orch.backend.engines) if h.name == msg.worker)
-    lost = sorted(gid for gid, h in orch.group_engine.items() if h is engine)
+    lost = sorted(gid for gid, (h, _) in orch.group_engine.items() if h is engine)
     log.warning("%s restarted (restart %d); re-sending its in-flight groups %s", msg.worker, msg.restarts, lost)
     orch.last_msg_from[msg.worker] = time.monotonic()
     engine.load = 0

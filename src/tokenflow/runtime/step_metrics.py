@@ -23,6 +23,7 @@ def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
         if rollouts else 0.0,
         "reward/failed_frac": (len(rollouts) - len(scored)) / max(1, len(rollouts)),
     }
+    m.update(episode_metrics(rollouts))
     if scored:
         rewards = np.array([r.reward for r in scored], dtype=np.float64)
         m.update({"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
@@ -39,6 +40,34 @@ def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
         if any(r.token_rewards is not None for r in scored):
             m["reward/token_sum_mean"] = float(np.mean([r.token_rewards.sum() for r in scored
                                                         if r.token_rewards is not None]))
+    return m
+
+
+def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """Multi-turn episodes (environment tasks): turns, endings, environment failures, tool-call
+    errors. One count per episode, not per row."""
+    episodes = {}
+    for r in rollouts:
+        e = r.info.get("episode")
+        if e is not None:
+            episodes[(r.group_id, r.sample_index)] = (e, r)
+    if not episodes:
+        return {}
+    n = len(episodes)
+    summaries = [e for e, _ in episodes.values()]
+    m = {
+        "episode/count": float(n),
+        "episode/turns_mean": float(np.mean([e["turns"] for e in summaries])),
+        "episode/multi_turn_frac": float(np.mean([e["turns"] >= 2 for e in summaries])),
+        "episode/failed": float(sum(e["error"] is not None for e in summaries)),
+        "episode/new_rows": float(sum(e["rows"] - 1 for e in summaries)),
+        "episode/env_tokens_frac": float(
+            sum(int((r.loss_mask == 0).sum()) for r in rollouts) / max(1, sum(r.num_tokens for r in rollouts))),
+    }
+    for reason in ("stop", "length", "max_turns", "token_limit", "context_length", "error"):
+        m[f"episode/finish_{reason}_frac"] = sum(e["finish"] == reason for e in summaries) / n
+    for key in ("malformed_tool_calls", "tool_errors"):
+        m[f"episode/{key}"] = float(sum(e["info"].get(key, 0) for e in summaries))
     return m
 
 

@@ -78,6 +78,15 @@ def _score_group(prompt: str, completions: list[str], example: dict) -> list:
     return out
 
 
+def scored_text(r: Rollout):
+    """What the reward function reads for ``r``: its completion text, or for a multi-turn
+    episode the episode's summary (`tokenflow.scoring.episodes`)."""
+    episode = r.info.get("episode")
+    if episode is not None:
+        return {**episode, "sample_index": r.sample_index}
+    return r.text or ""
+
+
 class ScorerDied(WorkerDied):
     pass
 
@@ -179,13 +188,13 @@ class ScorerPool:
             raise self._died(str(e)) from None
 
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
-        texts = [r.text or "" for r in group]
+        texts = [scored_text(r) for r in group]
         future = self._schedule(_score_group, (prompt_text, texts, example), self.timeout_s * len(group))
         self._pending.append(_Pending(group, [future], time.time(), prompt_text, example, meta))
 
     def _rescore_per_sample(self, p: _Pending) -> None:
         """The group task timed out: find the hanging sample(s), one task per sample."""
-        p.futures = [self._schedule(_score_one, (p.prompt, r.text or "", p.example), self.timeout_s)
+        p.futures = [self._schedule(_score_one, (p.prompt, scored_text(r), p.example), self.timeout_s)
                      for r in p.group]
         p.per_sample = True
 

@@ -47,9 +47,10 @@ def _read_jsonl(p: Path) -> tuple[list[int], list]:
     return numbers, rows
 
 
-def read_numbered_rows(path: str, prompt_field: str) -> tuple[list[int], list[dict]]:
+def read_numbered_rows(path: str, prompt_field: str, require_prompt: bool = True) -> tuple[list[int], list[dict]]:
     """The rows of a data file and each one's number in it (the line of a JSONL file, the
-    1-based position otherwise), checked: each is an object with a non-empty prompt string."""
+    1-based position otherwise), checked: each is an object with (when ``require_prompt``) a
+    non-empty prompt string."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"dataset file {str(p)!r} does not exist; check task.train_path / task.eval_path")
@@ -88,7 +89,7 @@ def read_numbered_rows(path: str, prompt_field: str) -> tuple[list[int], list[di
         raise DatasetError(f"{p}: {what} {not_obj[0]} is not a JSON object ({len(not_obj)} such); "
                            f"write each row as {{\"{prompt_field}\": ...}}")
     bad = [n for n, r in zip(numbers, rows)
-           if not isinstance(r.get(prompt_field), str) or not r.get(prompt_field).strip()]
+           if require_prompt and (not isinstance(r.get(prompt_field), str) or not r.get(prompt_field).strip())]
     if bad:
         shown = ", ".join(str(n) for n in bad[:5])
         raise DatasetError(
@@ -108,22 +109,25 @@ def _where(path: str, number: int) -> str:
 
 
 class DatasetTask:
-    def __init__(self, train_path: str, reward: str, *, eval_path: str | None = None,
-                 eval_fraction: float = 0.1, prompt_field: str = "prompt", seed: int = 0) -> None:
+    def __init__(self, train_path: str, reward: str | None, *, eval_path: str | None = None,
+                 eval_fraction: float = 0.1, prompt_field: str = "prompt", seed: int = 0,
+                 require_prompt: bool = True) -> None:
+        """``reward`` None (and ``require_prompt`` False) serves an environment's examples
+        (`tokenflow.envs.task`): its rubric scores, its reset() reads the rows."""
         self.name = Path(train_path).stem
         self.reward_spec = reward
-        self.reward_fn = load_reward_fn(reward)
+        self.reward_fn = load_reward_fn(reward) if reward is not None else None
         self.prompt_field = prompt_field
         self.seed = seed
-        numbers, rows = read_numbered_rows(train_path, prompt_field)
+        numbers, rows = read_numbered_rows(train_path, prompt_field, require_prompt)
         # (where, prompt) of every row, for checks that name a row (tokenflow.runtime.preflight)
-        self.rows = [(_where(train_path, n), r[prompt_field]) for n, r in zip(numbers, rows)]
+        self.rows = [(_where(train_path, n), self._text(r)) for n, r in zip(numbers, rows)]
         # What `tokenflow eval` names as scored: the eval file, or the share held out of train_path.
         self.eval_source = (Path(eval_path).name if eval_path
                             else f"{Path(train_path).name} (the {eval_fraction:.0%} held out)")
         if eval_path:
-            eval_numbers, eval_rows = read_numbered_rows(eval_path, prompt_field)
-            self.rows += [(_where(eval_path, n), r[prompt_field]) for n, r in zip(eval_numbers, eval_rows)]
+            eval_numbers, eval_rows = read_numbered_rows(eval_path, prompt_field, require_prompt)
+            self.rows += [(_where(eval_path, n), self._text(r)) for n, r in zip(eval_numbers, eval_rows)]
             self._train, self._eval = rows, eval_rows
         else:
             order = np.random.default_rng([seed, 7]).permutation(len(rows))
@@ -134,6 +138,10 @@ class DatasetTask:
             raise DatasetError(f"{train_path}: no training rows left after holding out the eval split")
         self._epoch_orders: dict[int, np.ndarray] = {}
 
+    def _text(self, row: dict) -> str:
+        text = row.get(self.prompt_field)
+        return text if isinstance(text, str) else ""
+
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._epoch_orders:
             self._epoch_orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self._train))
@@ -142,16 +150,21 @@ class DatasetTask:
     def train_prompt(self, index: int) -> Prompt:
         epoch, pos = divmod(index, len(self._train))
         row = self._train[int(self._order(epoch)[pos])]
-        return Prompt(id=index, text=row[self.prompt_field], example=row)
+        return Prompt(id=index, text=self._text(row), example=row)
 
     def eval_prompts(self) -> list[Prompt]:
-        return [Prompt(id=i, text=r[self.prompt_field], example=r) for i, r in enumerate(self._eval)]
+        return [Prompt(id=i, text=self._text(r), example=r) for i, r in enumerate(self._eval)]
 
     def num_train_prompts(self) -> int | None:
         return len(self._train)
 
 
-def from_config(cfg) -> DatasetTask:
-    """The registered factory (``task.name = "dataset"``)."""
+def from_config(cfg):
+    """The registered factory (``task.name = "dataset"``); with ``task.env`` set, the rows are an
+    environment's examples (`tokenflow.envs.task.from_dataset_config`)."""
+    if getattr(cfg, "env", None):
+        from tokenflow.envs.task import from_dataset_config
+
+        return from_dataset_config(cfg)
     return DatasetTask(cfg.train_path, cfg.reward, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
                        prompt_field=cfg.prompt_field, seed=cfg.seed)

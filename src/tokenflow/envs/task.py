@@ -1,0 +1,80 @@
+"""Environment tasks: where the examples of ``task.env`` episodes come from.
+
+* ``task.name = "env"``: from the environment class itself, which defines
+  ``train_example(index, seed) -> dict`` and ``eval_examples(seed, n) -> list[dict]`` (so a
+  built-in environment needs no file; ``task.seed`` and ``task.num_eval`` apply).
+* ``task.name = "dataset"`` with ``task.env``: the rows of ``task.train_path`` (and
+  ``task.eval_path``, or the held-out ``task.eval_fraction``), each handed to ``reset`` as is.
+
+Either way the episodes are scored by the environment (``Environment.rubric`` and step rewards),
+so ``task.reward`` must not be set, and the opening messages come from ``reset``, so neither
+does ``task.system_prompt``. A prompt's ``text`` is the example's ``task.prompt_field`` when it is
+a string (for logs), else empty; the runtime renders ``reset``'s messages instead.
+"""
+
+from __future__ import annotations
+
+from tokenflow.envs.base import Environment
+from tokenflow.envs.loading import EnvironmentLoadError, load_environment
+from tokenflow.tasks.base import Prompt
+
+
+class EnvTask:
+    """A `tokenflow.tasks.base.Task` whose prompts are examples for an environment's episodes."""
+
+    reward_fn = None
+    """None: an environment's episodes are scored by its rubric, not a per-completion function."""
+    reward_spec = None
+
+    def __init__(self, env_spec: str, source=None, *, seed: int = 0, num_eval: int = 256,
+                 prompt_field: str = "prompt") -> None:
+        """``source`` is a task whose prompts' examples are the rows (a `DatasetTask`); None draws
+        them from the environment class."""
+        self.env_spec = env_spec
+        self.env_cls: type[Environment] = load_environment(env_spec)
+        self.name = getattr(source, "name", None) or self.env_cls.__name__
+        self.source = source
+        self.seed = seed
+        self.num_eval = num_eval
+        self.prompt_field = prompt_field
+        if source is None:
+            missing = [m for m in ("train_example", "eval_examples") if not callable(getattr(self.env_cls, m, None))]
+            if missing:
+                raise EnvironmentLoadError(
+                    f"{env_spec} does not generate examples (no {' or '.join(missing)} classmethod); define "
+                    'train_example(index, seed) and eval_examples(seed, n), or use task.name = "dataset" '
+                    "with task.train_path")
+        self._eval: list[Prompt] | None = None
+
+    def _prompt(self, index: int, example: dict) -> Prompt:
+        text = example.get(self.prompt_field)
+        return Prompt(id=index, text=text if isinstance(text, str) else "", example=example)
+
+    def train_prompt(self, index: int) -> Prompt:
+        if self.source is not None:
+            return self.source.train_prompt(index)
+        return self._prompt(index, self.env_cls.train_example(index, self.seed))
+
+    def eval_prompts(self) -> list[Prompt]:
+        if self.source is not None:
+            return self.source.eval_prompts()
+        if self._eval is None:
+            self._eval = [self._prompt(i, ex) for i, ex in enumerate(self.env_cls.eval_examples(self.seed, self.num_eval))]
+        return self._eval
+
+    def num_train_prompts(self) -> int | None:
+        return self.source.num_train_prompts() if self.source is not None else None
+
+
+def from_config(cfg) -> EnvTask:
+    """The registered factory (``task.name = "env"``)."""
+    return EnvTask(cfg.env, seed=cfg.seed, num_eval=cfg.num_eval, prompt_field=cfg.prompt_field)
+
+
+def from_dataset_config(cfg) -> EnvTask:
+    """``task.name = "dataset"`` with ``task.env``: the file's rows are the examples."""
+    from tokenflow.tasks.dataset import DatasetTask
+
+    rows = DatasetTask(cfg.train_path, None, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
+                       prompt_field=cfg.prompt_field, seed=cfg.seed, require_prompt=False)
+    return EnvTask(cfg.env, rows, seed=cfg.seed, num_eval=cfg.num_eval, prompt_field=cfg.prompt_field)

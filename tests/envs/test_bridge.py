@@ -1,0 +1,181 @@
+"""ChatBridge on real chat templates: bridged ids equal the template's rendering of the whole
+conversation, turn ends are found by rendering, and templates that rewrite earlier turns are caught."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.envs.chat_templates import (
+    THINK_STRIPPING, llama3_1_tokenizer, mistral_v0_3_tokenizer, qwen2_5_tokenizer,
+)
+from tokenflow.envs import BridgeError, ChatBridge, ToolSchemaError
+from tokenflow.envs.calculator import add, mul
+
+
+def tool_call(i: int, name: str, args: dict) -> dict:
+    return {"id": f"call{i:05d}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+# What each model writes for its tool calls and answers: the text between the generation prompt
+# and the turn end in its template's rendering (the model samples it; it is never re-rendered).
+def qwen_turn(calls, content=""):
+    parts = [content] if content else []
+    parts += ['<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
+              % (c["function"]["name"], json.dumps(c["function"]["arguments"])) for c in calls]
+    return "\n".join(parts)
+
+
+def llama_turn(calls, content=""):
+    if calls:
+        (c,) = calls
+        return '{"name": "%s", "parameters": %s}' % (c["function"]["name"], json.dumps(c["function"]["arguments"]))
+    return content
+
+
+def mistral_turn(calls, content=""):
+    if calls:
+        return "[TOOL_CALLS] [" + ", ".join('{"name": "%s", "arguments": %s, "id": "%s"}' % (
+            c["function"]["name"], json.dumps(c["function"]["arguments"]), c["id"]) for c in calls) + "]"
+    return " " + content
+
+
+FAMILIES = {
+    "qwen2.5": (qwen2_5_tokenizer, qwen_turn, "<|im_end|>", True),
+    "llama3.1": (llama3_1_tokenizer, llama_turn, "<|eot_id|>", False),
+    "mistral-v0.3": (mistral_v0_3_tokenizer, mistral_turn, "</s>", True),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bridged_ids_equal_the_templates_rendering_of_the_whole_conversation(family):
+    make, write, end_token, parallel_calls = FAMILIES[family]
+    tok = make()
+    bridge = ChatBridge(tok, [mul, add])
+    assert [tok.convert_ids_to_tokens(t) for t in bridge.turn_end_ids] == [end_token]
+    assert bridge.preserves_prefixes(("tool",))
+
+    first = [tool_call(0, "mul", {"a": 12, "b": 34}), tool_call(1, "mul", {"a": 5, "b": 6})][:2 if parallel_calls else 1]
+    turns = [(first, ["408", "30"][:len(first)]),
+             ([tool_call(2, "add", {"a": 408, "b": 56})], ["464"]),
+             ([], None)]
+    conversation = [{"role": "user", "content": "What is 12*34+56?"}]
+    ids = bridge.prompt_ids(conversation)
+    sampled = []  # (start, end) of each model turn in ids
+    for calls, results in turns:
+        message = ({"role": "assistant", "content": "", "tool_calls": calls} if calls
+                   else {"role": "assistant", "content": "The answer is 464."})
+        model_ids = tok.encode(write(calls, message["content"]), add_special_tokens=False) + [bridge.turn_end_ids[0]]
+        sampled.append((len(ids), len(ids) + len(model_ids)))
+        ids += model_ids
+        conversation.append(message)
+        if results:
+            observations = [{"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"], "content": r}
+                            for c, r in zip(calls, results)]
+            ids += bridge.environment_ids(observations, assistant=message)
+            conversation += observations
+
+    rendered = tok.apply_chat_template(conversation, tools=bridge.schemas, tokenize=True, return_dict=False)
+    # The rollout ends at the model's last turn end; the template may write more after it (ChatML's
+    # "\n"), which no one samples.
+    assert rendered[:len(ids)] == ids
+    assert tok.decode(rendered[len(ids):]) in ("", "\n")
+    for start, stop in sampled:
+        assert ids[stop - 1] == bridge.turn_end_ids[0] and bridge.turn_end_ids[0] not in ids[start:stop - 1]
+
+
+def test_what_chatml_writes_after_the_turn_end_starts_the_environment_ids():
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, [mul])
+    env_ids = bridge.environment_ids([{"role": "tool", "tool_call_id": "call00000", "name": "mul", "content": "6"}])
+    assert tok.decode(env_ids) == "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    # Without tools, a user observation: the same rule.
+    plain = ChatBridge(tok)
+    assert tok.decode(plain.environment_ids([{"role": "user", "content": "again"}])) == \
+        "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_the_turn_end_is_the_first_special_token_after_the_content():
+    # A template that writes two special tokens after each turn: the model stops on the first,
+    # so the second is the environment's.
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|><|endoftext|>{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, chat_template=template)
+    assert tok.convert_ids_to_tokens(list(bridge.turn_end_ids)) == ["<|im_end|>"]
+    assert tok.decode(bridge.environment_ids([{"role": "user", "content": "more"}])) == \
+        "<|endoftext|><|im_start|>user\nmore<|im_end|><|endoftext|><|im_start|>assistant\n"
+
+
+def test_prompt_ids_are_the_templates_ids_as_a_plain_list():
+    tok = llama3_1_tokenizer()
+    bridge = ChatBridge(tok, [mul])
+    messages = [{"role": "user", "content": "6*7?"}]
+    ids = bridge.prompt_ids(messages)
+    assert type(ids) is list and all(type(t) is int for t in ids)
+    # transformers 5 returns a BatchEncoding by default; the bridge returns the ids in it.
+    assert ids == tok.apply_chat_template(messages, tools=bridge.schemas, add_generation_prompt=True)["input_ids"]
+
+
+def test_assistant_message_decodes_a_turn_without_its_turn_end():
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, [mul])
+    text = '<tool_call>\n{"name": "mul", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    turn = tok.encode(text, add_special_tokens=False) + list(bridge.turn_end_ids)
+    assert bridge.assistant_message(turn) == {"role": "assistant", "content": text}
+    assert bridge.ends_turn(turn) and not bridge.ends_turn(turn[:-1])
+
+
+def test_templates_that_rewrite_earlier_turns_are_detected():
+    think = ChatBridge(qwen2_5_tokenizer(THINK_STRIPPING))
+    check = think.prefix_check()
+    assert not check and not think.preserves_prefixes()
+    assert "assistant message 2" in check.reason and "message 3 (user)" in check.reason and "<think" in check.reason
+    assert think.preserves_prefixes(("tool",))  # tool results alone never strip the reasoning
+
+    # Mistral v0.3 moves its tool list before the last user message.
+    mistral = ChatBridge(mistral_v0_3_tokenizer(), [mul])
+    assert not mistral.preserves_prefixes() and "[AVAILABLE_TOOLS]" in mistral.prefix_check().reason
+    with pytest.raises(BridgeError, match="does not preserve prefixes for these messages"):
+        mistral.environment_ids([{"role": "user", "content": "and 8*9?"}])
+    # Without tools it keeps its prefixes.
+    assert ChatBridge(mistral_v0_3_tokenizer()).preserves_prefixes()
+
+    for make in (qwen2_5_tokenizer, llama3_1_tokenizer):
+        assert ChatBridge(make(), [mul, add]).preserves_prefixes()
+
+
+def test_templates_the_bridge_cannot_use_are_refused_with_the_reason():
+    tok = qwen2_5_tokenizer()
+    no_end = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    with pytest.raises(BridgeError, match="no special token follows the content of an assistant turn"):
+        ChatBridge(tok, chat_template=no_end)
+    # A generation prompt the assistant turn does not start with.
+    odd = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>model\n{% endif %}")
+    with pytest.raises(BridgeError, match="generation prompt is not a prefix"):
+        ChatBridge(tok, chat_template=odd)
+    bare = qwen2_5_tokenizer.__wrapped__()
+    bare.chat_template = None
+    with pytest.raises(BridgeError, match="has no chat template"):
+        ChatBridge(bare)
+
+
+def test_tools_without_docstrings_or_hints_are_named():
+    def divide(a: int, b: int) -> float:
+        return a / b
+
+    def scale(x, by: float) -> float:
+        """Scale.
+
+        Args:
+            x: value
+            by: factor
+        """
+        return x * by
+
+    with pytest.raises(ToolSchemaError, match=r"tool .*divide: .*no docstring.*Args:"):
+        ChatBridge(qwen2_5_tokenizer(), [divide])
+    with pytest.raises(ToolSchemaError, match=r"tool .*scale: Argument x is missing a type hint"):
+        ChatBridge(qwen2_5_tokenizer(), [scale])

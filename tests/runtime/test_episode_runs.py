@@ -1,0 +1,83 @@
+"""Environment tasks through the real runtime (engine, trainer and scorer processes): episodes
+train, their metrics are reported, a flaky environment fails samples and not the run, and a
+run killed with episodes in flight resumes without losing or repeating a prompt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+
+from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
+from tokenflow.runtime.launch import resolve_model_path, train
+
+CALCULATOR = "tokenflow.envs.calculator:CalculatorEnv"
+
+
+def env_overrides(env: str = CALCULATOR) -> list[str]:
+    return ["--model.path", os.environ.get("TF_TOOL_MODEL") or resolve_model_path("default-tool"),
+            "--task.name", "env", "--task.env", env, "--sampling.max_tokens", "32",
+            "--episode.max_total_tokens", "160"]
+
+
+def test_an_environment_task_trains_and_reports_its_episodes(tmp_path):
+    summary = train(small_config(*env_overrides(), "--run.steps", "3", "--run.checkpoint_every", "0"),
+                    tmp_path / "run")
+    assert summary["steps"] == 3
+    rows = step_rows(tmp_path / "run")
+    assert len(rows) == 3
+    for row in rows:
+        assert row["episode/count"] == 16 and row["episode/failed"] == 0
+        assert row["episode/multi_turn_frac"] > 0.5 and row["episode/turns_mean"] >= 1.5
+        assert 0 < row["episode/env_tokens_frac"] < 1
+        # Ages and rejections count generated tokens only: every rollout here is at most
+        # max_staleness behind, environment tokens included in nothing.
+        assert row["buffer/token_age_max"] <= 2 and row["offpolicy/token_age_max"] <= 2
+    assert rows[0]["offpolicy/mismatch_abs_logprob"] < 1e-5  # step 1 is on-policy
+
+
+def test_an_environment_that_raises_fails_samples_not_the_run(tmp_path):
+    (tmp_path / "flaky_env.py").write_text(textwrap.dedent("""
+        from tokenflow.envs.calculator import CalculatorEnv
+
+        class Flaky(CalculatorEnv):
+            async def step(self, assistant_message):
+                if self.a % 3 == 0:
+                    raise ConnectionError("the calculator service dropped the call")
+                return await super().step(assistant_message)
+
+            def reset(self, example):
+                self.a = example["a"]
+                return super().reset(example)
+    """))
+    summary = train(small_config(*env_overrides(f"{tmp_path / 'flaky_env.py'}:Flaky"), "--run.steps", "2",
+                                 "--run.checkpoint_every", "0"), tmp_path / "run")
+    assert summary["steps"] == 2
+    rows = step_rows(tmp_path / "run")
+    failed = sum(r["episode/failed"] for r in rows)
+    assert failed > 0 and all(r["episode/count"] == 16 for r in rows)
+    assert all(r["reward/failed_frac"] == r["episode/failed"] / 16 for r in rows)
+
+
+def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):
+    run = tmp_path / "run"
+    args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", "8",
+            "--run.checkpoint_every", "2", "--rollout.max_staleness", "2"]
+    proc = start_cli(args, tmp_path / "first.log")
+    try:
+        wait_until(lambda: len(step_rows(run)) >= 5 if (run / "metrics.jsonl").exists() else False,
+                   240, "five steps", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(step_rows(run)) < 8, "the run finished before it could be killed"
+    proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 8
+    assert [r["step"] for r in step_rows(run)] == list(range(1, 9))
+    consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
+    assert len(consumed) == len(set(consumed)) == 8 * 4
+    everything = sorted(consumed + summary["in_flight_prompt_ids"])
+    assert everything == list(range(len(everything)))
