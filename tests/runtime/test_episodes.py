@@ -174,3 +174,36 @@ def test_malformed_tool_calls_are_answered_and_counted(tool_model):
     assert not any(r.failed for r in rows)
     bad = sum(r.info["episode"]["info"].get("malformed_tool_calls", 0) for r in rows)
     assert bad > 0
+
+
+def test_a_template_that_rewrites_earlier_turns_gets_one_row_per_turn(tool_model, tmp_path):
+    """The tool model's template, changed to render earlier assistant turns without their
+    content: the bridge's prefix check fails, and every model turn becomes its own row whose
+    prompt is the template's rendering of the conversation so far."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tool_model, folder)
+    template = (folder / "chat_template.jinja").read_text()
+    start = "{%- for m in messages -%}"
+    assert template.count(start) == 1
+    template = template.replace(start, start + "{%- if m.role == 'assistant' and not loop.last -%}<assistant><eot>"
+                                "{%- else -%}").replace("{{- '<eot>' -}}{%- endfor -%}",
+                                                        "{{- '<eot>' -}}{%- endif -%}{%- endfor -%}")
+    (folder / "chat_template.jinja").write_text(template)
+    engine = _engine(str(folder))
+    bridge = ChatBridge(engine.tokenizer, tools=CalculatorEnv.tools)
+    assert not bridge.prefix_check().ok
+    params = SamplingParams(temperature=0.0, max_tokens=32, n=1)
+    groups = run_episodes(engine, _specs("tokenflow.envs.calculator:CalculatorEnv", 6), params)
+    multi = [g for g in groups if g[0].info["episode"]["turns"] >= 2]
+    assert multi
+    for rows in groups:
+        e = rows[0].info["episode"]
+        messages = e["episode"].messages
+        assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        assert len(rows) == e["turns"] == e["rows"] == len(assistant_at)
+        for row, i in zip(rows, assistant_at):
+            assert row.prompt_ids.tolist() == bridge.prompt_ids(messages[:i])
+            assert (row.loss_mask == 1).all() and row.turns is None and not row.failed
+            assert row.completion_ids[-1] in bridge.turn_end_ids or row is rows[-1]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenflow.rollout import Rollout
+from tokenflow.runtime.env_loop import EnvLoop
 
 log = logging.getLogger(__name__)
 
@@ -100,62 +100,6 @@ class _Episode:
         return f"{self.request_id}#{self.index}"
 
 
-class _EnvLoop:
-    """One asyncio loop on a daemon thread, for every environment of this engine."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="env-loop", daemon=True)
-        self.thread.start()
-
-    def submit(self, make_coro, timeout: float) -> Future:
-        """Run ``make_coro()`` on the loop under ``timeout``. The coroutine is made on the loop,
-        when it starts, so a call cancelled before it starts leaves no coroutine unawaited."""
-        fut: Future = Future()
-
-        def start() -> None:
-            if not fut.set_running_or_notify_cancel():
-                return
-            task = self.loop.create_task(asyncio.wait_for(make_coro(), timeout))
-            fut.task = task
-
-            def done(t: asyncio.Task) -> None:
-                if t.cancelled():
-                    fut.set_exception(asyncio.CancelledError())
-                elif t.exception() is not None:
-                    fut.set_exception(t.exception())
-                else:
-                    fut.set_result(t.result())
-
-            task.add_done_callback(done)
-
-        self.loop.call_soon_threadsafe(start)
-        return fut
-
-    def cancel(self, fut: Future) -> None:
-        if not fut.cancel():  # already started: cancel its task on the loop
-            task = getattr(fut, "task", None)
-            if task is not None:
-                self.loop.call_soon_threadsafe(task.cancel)
-
-    def close(self) -> None:
-        """Cancel what still runs (its environments are closed by then), then stop the loop. A
-        loop that a blocking environment holds is left to its daemon thread after a second."""
-
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        try:
-            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout=1.0)
-        except Exception:  # noqa: BLE001 - a blocked loop: nothing more to do for it
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=1.0)
-
-
 def _load_env_class(spec: str):
     from tokenflow.envs import load_environment
 
@@ -171,14 +115,13 @@ class EpisodeDriver:
         if self.tokenizer is None:
             raise ValueError("environment tasks need the model's tokenizer (with a chat template) "
                              "in the model folder")
-        self._loop: _EnvLoop | None = None
+        self._loop: EnvLoop | None = None
         self._classes: dict[str, type] = {}
         self._requests: dict[str, tuple[object, list[_Episode]]] = {}
         """request id -> (base SamplingParams, its n episodes)."""
         self._by_key: dict[str, _Episode] = {}
         """engine request id -> its episode."""
         self._preserves: dict[str, tuple[bool, str]] = {}
-        self.counts = {"episodes": 0, "failed": 0, "timeouts": 0, "new_rows": 0, "turns": 0}
 
     # ---- requests ----------------------------------------------------------------------------
     def owns(self, request_id: str) -> bool:
@@ -193,7 +136,7 @@ class EpisodeDriver:
         """Begin the ``params.n`` episodes of one request: each environment resets on the env
         thread; its first turn is queued when the reset lands (`poll`)."""
         if self._loop is None:
-            self._loop = _EnvLoop()
+            self._loop = EnvLoop()
         cls = self._classes.get(spec.env)
         if cls is None:
             cls = self._classes[spec.env] = _load_env_class(spec.env)
@@ -207,7 +150,6 @@ class EpisodeDriver:
             self._by_key[ep.engine_rid] = ep
             self._call(ep, "reset", lambda: self._reset(cls, spec.example), spec.step_timeout_s)
         self._requests[request_id] = (params, episodes, spec)
-        self.counts["episodes"] += params.n
 
     async def _reset(self, cls, example: dict):
         env = cls()
@@ -245,7 +187,6 @@ class EpisodeDriver:
             return
         ep.rollout = r
         ep.record.turns += 1
-        self.counts["turns"] += 1
         turn_ids = r.completion_ids[self._turn_start(r):].tolist()
         raw = ep.bridge.assistant_message(turn_ids)  # decoded to be read, never encoded again
         try:
@@ -309,15 +250,14 @@ class EpisodeDriver:
                 if now > ep.deadline:  # the env loop itself is stuck: give up on this one
                     self._loop.cancel(fut)
                     ep.future = None
-                    self._fail(ep, f"environment {ep.pending} did not return (the env loop is blocked)",
-                               timeout=True)
+                    self._fail(ep, f"environment {ep.pending} did not return (the env loop is blocked)")
                 continue
             ep.future = None
             try:
                 result = fut.result()
             except (asyncio.TimeoutError, TimeoutError):
                 self._fail(ep, f"environment {ep.pending} exceeded its {self._timeout(ep):g}s "
-                               "(episode.step_timeout_s)", timeout=True)
+                               "(episode.step_timeout_s)")
                 continue
             except Exception as e:  # noqa: BLE001 - a user environment may raise anything
                 self._fail(ep, f"environment {ep.pending} raised {type(e).__name__}: {e}")
@@ -375,7 +315,6 @@ class EpisodeDriver:
             return
         observations = list(result.observations)
         if not self._preserving(ep):
-            self.counts["new_rows"] += 1
             ep.rows.append(ep.rollout)
             ep.prompt_ids = list(ep.bridge.prompt_ids(ep.record.messages))
             if len(ep.prompt_ids) >= self.engine.max_model_len - 1:
@@ -408,11 +347,9 @@ class EpisodeDriver:
                                 group_id=ep.group_id, prompt_id=ep.prompt_id)
 
     # ---- endings ------------------------------------------------------------------------------
-    def _fail(self, ep: _Episode, why: str, timeout: bool = False) -> None:
+    def _fail(self, ep: _Episode, why: str) -> None:
         ep.error = why
         ep.finish = ep.finish or "error"
-        self.counts["failed"] += 1
-        self.counts["timeouts"] += int(timeout)
         log.warning("episode %s/%d failed: %s", ep.request_id, ep.index, why)
 
     def _finished_requests(self) -> list[tuple[str, list[Rollout]]]:
