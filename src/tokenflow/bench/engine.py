@@ -28,9 +28,6 @@ import sys
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_DIR = "assets/default_model"
-DEFAULT_MOE_MODEL_DIR = "assets/default_moe_model"
-
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("engine", help="engine backends vs transformers generate() throughput")
@@ -93,13 +90,13 @@ def _load_model(args):
     if args.model is None:
         return _tiny_moe(args.seed) if args.moe else _tiny_llama(args.seed)
     path = args.model
-    if path in ("default", "default-moe"):
-        import tokenflow
+    from tokenflow.runtime.launch import SHIPPED_MODELS, resolve_model_path
 
-        folder = DEFAULT_MODEL_DIR if path == "default" else DEFAULT_MOE_MODEL_DIR
-        path = os.path.join(os.path.dirname(tokenflow.__file__), folder)
-        if not os.path.isdir(path):
-            raise SystemExit(f"--model {args.model}: no packaged model at {path}")
+    if path in SHIPPED_MODELS:  # "default", "default-moe", "default-tool"
+        try:
+            path = resolve_model_path(path)
+        except FileNotFoundError as e:
+            raise SystemExit(f"--model {args.model}: {e}") from None
     return AutoModelForCausalLM.from_pretrained(path).eval(), path
 
 

@@ -22,11 +22,11 @@ def register(subparsers) -> None:
 
 def locate(path: str) -> tuple[str, Path | None]:
     """(model folder, run folder or None) for a model, checkpoint or run folder."""
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.runtime.launch import SHIPPED_MODELS, resolve_model_path
     from tokenflow.runtime.run_dir import RunDir
 
-    if path == "default":
-        return resolve_model_path("default"), None
+    if path in SHIPPED_MODELS:
+        return resolve_model_path(path), None
     p = Path(path)
     if (p / "config.toml").is_file() and (p / "checkpoints").is_dir():
         ckpt = RunDir(p).latest_checkpoint()

@@ -37,7 +37,9 @@ class RunConfig(ConfigModel):
 class ModelConfig(ConfigModel):
     path: str = "default"
     """Hugging Face-format model folder; "default" is the tiny arithmetic model shipped with tokenflow,
-    "default-moe" the same model upcycled into a 4-expert Mixtral (`tokenflow.tools.make_moe_model`)."""
+    "default-moe" the same model upcycled into a 4-expert Mixtral (`tokenflow.tools.make_moe_model`),
+    "default-tool" the tiny tool-calling model of the calculator environment
+    (`tokenflow.tools.make_tool_model`, examples/tool_use.toml)."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
 
