@@ -13,7 +13,8 @@ def register(subparsers) -> None:
         description="Evaluate greedy accuracy on the task's held-out split. CHECKPOINT is a model "
                     "folder, a checkpoint folder (checkpoints/step_000010) or a run folder (its latest "
                     "checkpoint and its task). Overrides such as --task.name apply to the task.")
-    p.add_argument("checkpoint", help='model / checkpoint / run folder, or "default"')
+    p.add_argument("checkpoint", help='model / checkpoint / run folder, or a shipped model: "default", '
+                                      '"default-tool", "default-moe"')
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -22,11 +23,11 @@ def register(subparsers) -> None:
 
 def locate(path: str) -> tuple[str, Path | None]:
     """(model folder, run folder or None) for a model, checkpoint or run folder."""
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.runtime.launch import SHIPPED_MODELS, resolve_model_path
     from tokenflow.runtime.run_dir import RunDir
 
-    if path == "default":
-        return resolve_model_path("default"), None
+    if path in SHIPPED_MODELS:
+        return resolve_model_path(path), None
     p = Path(path)
     if (p / "config.toml").is_file() and (p / "checkpoints").is_dir():
         ckpt = RunDir(p).latest_checkpoint()
