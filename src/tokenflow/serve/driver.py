@@ -24,7 +24,7 @@ import itertools
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tokenflow.engine.base import TokenDelta
 from tokenflow.engine.sampling_params import SamplingParams
@@ -49,8 +49,8 @@ class Submission:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    pending: int = 0
+    events: asyncio.Queue
+    pending: int
     """Samples not finished yet."""
 
 
@@ -85,26 +85,32 @@ class EngineDriver:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
 
-    async def submit(self, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False,
-                     events: asyncio.Queue | None = None) -> Submission:
-        """Queue one request; returns once the engine has accepted it. Its events go to
-        ``events`` (shared by the prompts of one call) or a queue of its own. Raises the
-        engine's `InvalidRequest` for a bad request, `DriverClosed` when the server is stopping."""
-        sub = Submission(f"srv-{next(self._ids)}", list(prompt_ids), params, stream, pending=params.n)
-        if events is not None:
-            sub.events = events
+    async def submit(self, requests: list[tuple[list[int], SamplingParams]], *, stream: bool = False,
+                     events: asyncio.Queue | None = None) -> list[Submission]:
+        """Queue one call's requests (prompt ids, params) together, so that they are admitted
+        in one step; returns once the engine has accepted all of them. Their events go to
+        ``events`` (one queue for the call). Raises the engine's `InvalidRequest` for a bad
+        request (none of the call's then runs), `DriverClosed` when the server is stopping."""
+        events = events if events is not None else asyncio.Queue()
+        subs = [Submission(f"srv-{next(self._ids)}", list(prompt), params, stream, events, params.n)
+                for prompt, params in requests]
         accepted: concurrent.futures.Future = concurrent.futures.Future()
         with self._gate:
             if not self.running:
                 raise DriverClosed("the server is shutting down" if self.failure is None else "the engine failed")
-            self._commands.put(("add", sub, accepted))
-        await asyncio.wrap_future(accepted)
-        return sub
+            self._commands.put(("add", subs, accepted))
+        try:
+            await asyncio.wrap_future(accepted)
+        except asyncio.CancelledError:  # the caller went away: whatever was added stops
+            self.cancel(subs)
+            raise
+        return subs
 
-    def cancel(self, sub: Submission) -> None:
-        """Stop a request nobody waits for any more (a client went away); thread-safe."""
-        if sub.pending:
-            self._commands.put(("abort", sub, None))
+    def cancel(self, subs: list[Submission]) -> None:
+        """Stop requests nobody waits for any more (a client went away); thread-safe."""
+        running = [sub for sub in subs if sub.pending]
+        if running:
+            self._commands.put(("abort", running, None))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the engine thread; requests still running get `DriverClosed`."""
@@ -149,20 +155,28 @@ class EngineDriver:
             except queue.Empty:
                 return
 
-    def _apply(self, kind: str, sub: Submission | None, accepted) -> None:
+    def _apply(self, kind: str, subs: list[Submission] | None, accepted) -> None:
         if kind == "add":
+            added = []
             try:
-                self.engine.add_request(sub.prompt_ids, sub.params, request_id=sub.request_id)
+                for sub in subs:
+                    self.engine.add_request(sub.prompt_ids, sub.params, request_id=sub.request_id)
+                    added.append(sub)
             except Exception as e:  # noqa: BLE001 - InvalidRequest and the like go back to the caller
+                for sub in added:
+                    self.engine.abort(sub.request_id)  # its partials come back from step() and are dropped
                 accepted.set_exception(e)
                 return
-            self._live[sub.request_id] = sub
-            if sub.stream:
-                self._streamed.add(sub.request_id)
-            accepted.set_result(sub.request_id)
-        elif kind == "abort" and sub.request_id in self._live:
-            self._forget(sub)
-            self.engine.abort(sub.request_id)  # its partials come back from step() and are dropped
+            for sub in subs:
+                self._live[sub.request_id] = sub
+                if sub.stream:
+                    self._streamed.add(sub.request_id)
+            accepted.set_result(None)
+        elif kind == "abort":
+            for sub in subs:
+                if sub.request_id in self._live:
+                    self._forget(sub)
+                    self.engine.abort(sub.request_id)
 
     def _step(self) -> None:
         finished = self.engine.step()

@@ -306,17 +306,11 @@ class OpenAIService:
             for i in range(n):
                 call.choices.append(ChoiceOutput(p * n + i, TextAssembler(self.tokenizer, params[p].stop)))
         try:
-            for prompt, p in zip(prompts, params):
-                call.subs.append(await self.driver.submit(prompt, p, stream=stream, events=call.queue))
+            call.subs = await self.driver.submit(list(zip(prompts, params)), stream=stream, events=call.queue)
         except InvalidRequest as e:
-            self._cancel(call)
             raise bad_request(str(e)) from None
         except DriverClosed as e:
-            self._cancel(call)
             raise unavailable(str(e)) from None
-        except BaseException:
-            self._cancel(call)
-            raise
         return call
 
     async def _progress(self, call: _Call) -> AsyncIterator[tuple[ChoiceOutput, int, str, bool]]:
@@ -347,8 +341,7 @@ class OpenAIService:
             pass
 
     def _cancel(self, call: _Call) -> None:
-        for sub in call.subs:
-            self.driver.cancel(sub)
+        self.driver.cancel(call.subs)
 
     def _sse(self, events: AsyncIterator[str], call: _Call) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
