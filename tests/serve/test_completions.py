@@ -68,9 +68,13 @@ def test_several_prompts_as_texts_or_token_ids(server):
     assert [c.text for c in by_ids.choices[2:]] == [c.text for c in single.choices]
 
 
-@pytest.mark.parametrize("temperature,stop", [(0.0, None), (1.0, None), (1.0, "+")])
+@pytest.mark.parametrize("temperature,stop", [(0.0, None), (1.0, None), (1.0, "+"), (0.0, "two characters")])
 def test_a_streamed_completion_joins_to_the_whole_response(server, temperature, stop):
     client = sync_client(server)
+    if stop == "two characters":  # a stop string that arrives one token at a time, mid-text
+        probe = client.completions.create(model="default", prompt="12+34=", temperature=0, max_tokens=16).choices[0]
+        stop = probe.text[3:5]
+        assert len(stop) == 2 and probe.text.find(stop) == 3, probe.text
     kw = dict(model="default", prompt=["12+34=", "5*6="], temperature=temperature, seed=2, n=2, max_tokens=16,
               logprobs=1, stop=stop, extra_body={"return_token_ids": True})
     whole = client.completions.create(**kw)
