@@ -15,12 +15,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
 
 from tokenflow.serve import errors
 from tokenflow.serve.driver import EngineDriver
 from tokenflow.serve.errors import APIError
 from tokenflow.serve.protocol import (
     ChatCompletion,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
@@ -42,11 +44,25 @@ _ERRORS = {
 }
 
 
-def _responses(model, stream: bool) -> dict:
+STREAMED_MODELS = (ChatCompletionChunk,)
+"""Event payloads that no JSON response names, added to the document's components."""
+
+
+def _event_schema(chunk) -> dict:
+    """One server-sent event (OpenAPI before 3.2: the stream's schema describes each event): its
+    ``data`` is a chunk, an error in OpenAI's shape (a stream that failed after it started) or
+    the final ``[DONE]``."""
+    as_json = [{"type": "string", "contentMediaType": "application/json",
+                "contentSchema": {"$ref": f"#/components/schemas/{m.__name__}"}} for m in (chunk, ErrorResponse)]
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, *as_json]}, "event": {"type": "string"}}}
+
+
+def _responses(model, chunk=None) -> dict:
     ok: dict = {"model": model, "description": "The result"}
-    if stream:
+    if chunk is not None:
         ok["description"] = "The result; with `stream: true`, server-sent events ending with `data: [DONE]`"
-        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+        ok["content"] = {"text/event-stream": {"schema": _event_schema(chunk)}}
     return {200: ok, **{code: {"model": ErrorResponse, "description": text} for code, text in _ERRORS.items()}}
 
 
@@ -55,22 +71,22 @@ def openai_router(service: OpenAIService, *, prefix: str = "/v1", on_call: CallH
     """The OpenAI endpoints under ``prefix``; ``on_call`` sees every finished call."""
     router = APIRouter(prefix=prefix, tags=tags or ["openai"])
 
-    @router.post("/chat/completions", response_model=None, responses=_responses(ChatCompletion, True),
+    @router.post("/chat/completions", response_model=None, responses=_responses(ChatCompletion, ChatCompletionChunk),
                  summary="Create a chat completion")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await service.chat(body, request, on_call)
 
-    @router.post("/completions", response_model=None, responses=_responses(Completion, True),
+    @router.post("/completions", response_model=None, responses=_responses(Completion, Completion),
                  summary="Create a text completion")
     async def completions(body: CompletionRequest, request: Request):
         return await service.completions(body, request, on_call)
 
-    @router.get("/models", response_model=ModelList, responses=_responses(ModelList, False),
+    @router.get("/models", response_model=ModelList, responses=_responses(ModelList),
                 summary="List the served model")
     async def list_models():
         return service.models()
 
-    @router.get("/models/{model}", response_model=ModelCard, responses=_responses(ModelCard, False),
+    @router.get("/models/{model}", response_model=ModelCard, responses=_responses(ModelCard),
                 summary="Describe the served model")
     async def get_model(model: str):
         return service.model(model)
@@ -109,7 +125,7 @@ def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: 
 
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.openapi = lambda: _openapi(app, bool(api_key))
+    app.openapi = lambda: _openapi(app, bool(api_key), model_name)
     return app
 
 
@@ -132,9 +148,10 @@ class APIKeyMiddleware:
         await APIError(401, message, code="invalid_api_key").response()(scope, receive, send)
 
 
-def _openapi(app: FastAPI, secured: bool) -> dict:
+def _openapi(app: FastAPI, secured: bool, model_name: str) -> dict:
     """FastAPI's document, with what this server really answers: 400 instead of 422 for a bad
-    body, the error shape for every error, and the bearer key when one is required."""
+    body, the error shape for every error, the one model name a request may give, and the
+    bearer key when one is required."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         for route, path in doc.get("paths", {}).items():
@@ -142,9 +159,17 @@ def _openapi(app: FastAPI, secured: bool) -> dict:
                 op.get("responses", {}).pop("422", None)
                 if secured and route not in OPEN_PATHS:
                     op["security"] = [{"bearer": []}]
-        schemas = doc.get("components", {}).get("schemas", {})
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
+        _, defs = models_json_schema([(m, "serialization") for m in STREAMED_MODELS],
+                                     ref_template="#/components/schemas/{model}")
+        for name, schema in defs.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        for name in ("ChatCompletionRequest", "CompletionRequest"):
+            model = schemas.get(name, {}).get("properties", {}).get("model")
+            if model is not None:
+                model["anyOf"] = [{"type": "string", "enum": [model_name]}, {"type": "null"}]
         if secured:
             doc.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         app.openapi_schema = doc

@@ -5,11 +5,12 @@ no internals: the traceback goes to the log)."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,12 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+    def response(self, headers: dict | None = None) -> Response:
+        if self.status == 401:
+            headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+        # ASCII JSON: a message may quote what the client sent, lone surrogates included.
+        return Response(json.dumps(self.body()), status_code=self.status, headers=headers,
+                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -104,7 +108,7 @@ def install(app: FastAPI) -> None:
                            code="method_not_allowed")
         else:
             err = APIError(exc.status_code, str(exc.detail), type="invalid_request_error")
-        return err.response()
+        return err.response(exc.headers)  # a 405 keeps its Allow header
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception):

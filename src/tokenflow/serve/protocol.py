@@ -10,12 +10,15 @@ silently dropped. Extensions: ``return_token_ids``, ``tool_format``, ``top_k`` a
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token (OpenAI's limit for chat; vLLM's default for both endpoints)."""
+
+StopString = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class _Request(BaseModel):
@@ -48,15 +51,15 @@ class _Sampling(_Request):
 
     model: str | None = None
     """The served model's name (`/v1/models`); another name is a 404. Omitted: the served one."""
-    n: int = Field(default=1, ge=1)
-    """Samples of each prompt (they share one prefill)."""
+    n: int = Field(default=1, ge=1, le=128)
+    """Samples of each prompt (they share one prefill; at most the engine's ``max_num_seqs``)."""
     temperature: float | None = Field(default=None, ge=0, le=2)
     """Sampling temperature (default 1); 0 is greedy."""
     top_p: float | None = Field(default=None, gt=0, le=1)
     """Nucleus sampling (default 1: off)."""
     top_k: int | None = Field(default=None, ge=0)
     """Extension: keep the k most likely tokens (0 or omitted: off)."""
-    stop: str | list[str] | None = None
+    stop: StopString | list[StopString] | None = None
     """Strings that end a completion; the text returned stops before the first one."""
     seed: int | None = None
     """Makes sampling reproducible: the same request with the same seed gives the same tokens."""
@@ -68,11 +71,13 @@ class _Sampling(_Request):
     the stop or turn-end token included), exactly as the engine used and sampled them."""
     ignore_eos: bool = False
     """Extension: keep generating past the model's end-of-sequence token (benchmarks)."""
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    # Fields the server cannot honour: the document publishes the one value accepted; another
+    # gets a 400 that says so.
+    presence_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
     """Not supported: accepted only as 0."""
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, json_schema_extra={"enum": [0, None]})
     """Not supported: accepted only as 0."""
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={"maxProperties": 0})
     """Not supported: accepted only empty."""
     user: str | None = None
     """Accepted and ignored."""
@@ -121,6 +126,10 @@ class Tool(_Request):
     function: FunctionDefinition
 
 
+class ResponseFormat(_Request):
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     """The conversation, rendered with the model's chat template."""
@@ -142,24 +151,24 @@ class ChatCompletionRequest(_Sampling):
     "plain" (``name(arg,...)`` alone on a line; see docs/environments.md)."""
     parallel_tool_calls: bool | None = None
     """Accepted and ignored: every call in the text is returned."""
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     """Only ``{"type": "text"}`` is supported."""
 
 
 # ---- completions requests ------------------------------------------------------------------------
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     """A text, several texts, token ids, or several lists of token ids (one request each)."""
     max_tokens: int | None = Field(default=16, ge=1)
     """Most completion tokens (OpenAI's default, 16; capped at what the context leaves)."""
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Return each token's log-prob and this many most likely alternatives."""
-    echo: bool = False
+    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
     """Not supported: accepted only as false."""
     best_of: int | None = Field(default=None, ge=1)
     """Not supported beyond ``best_of == n``."""
-    suffix: str | None = None
+    suffix: str | None = Field(default=None, json_schema_extra={"enum": ["", None]})
     """Not supported: accepted only empty."""
 
 

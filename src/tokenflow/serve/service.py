@@ -140,8 +140,6 @@ class OpenAIService:
         self._check_open()
         self._check_model(body.model)
         _refuse_unsupported(body)
-        if body.response_format is not None and body.response_format.get("type") != "text":
-            raise bad_request("only response_format {\"type\": \"text\"} is supported", "response_format")
         if body.top_logprobs and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         prompt = self.chat_format.prompt_ids(body.messages, body.tools)
@@ -272,7 +270,11 @@ class OpenAIService:
             if isinstance(p, str):
                 if self.tokenizer is None:
                     raise bad_request("this model has no tokenizer; send the prompt as token ids", "prompt")
-                p = self.tokenizer(p, add_special_tokens=True)["input_ids"]
+                try:
+                    p = self.tokenizer(p, add_special_tokens=True)["input_ids"]
+                except Exception as e:  # noqa: BLE001 - tokenizers raise plain Exceptions
+                    raise bad_request(f"the prompt cannot be encoded by this model's tokenizer ({e}); "
+                                      "check its characters, or send token ids", "prompt") from None
             if not p:
                 raise bad_request("a prompt has no tokens", "prompt")
             out.append(list(p))
@@ -302,15 +304,15 @@ class OpenAIService:
     async def _start(self, prompts: list[list[int]], params: list[SamplingParams], stream: bool) -> _Call:
         n = params[0].n
         call = _Call(prompts, n, asyncio.Queue(), [], [])
-        for p, prompt in enumerate(prompts):
-            for i in range(n):
-                call.choices.append(ChoiceOutput(p * n + i, TextAssembler(self.tokenizer, params[p].stop)))
         try:
             call.subs = await self.driver.submit(list(zip(prompts, params)), stream=stream, events=call.queue)
         except InvalidRequest as e:
             raise bad_request(str(e)) from None
         except DriverClosed as e:
             raise unavailable(str(e)) from None
+        # Built once the engine has accepted n (events wait in the queue meanwhile).
+        call.choices = [ChoiceOutput(p * n + i, TextAssembler(self.tokenizer, params[p].stop))
+                        for p in range(len(prompts)) for i in range(n)]
         return call
 
     async def _progress(self, call: _Call) -> AsyncIterator[tuple[ChoiceOutput, int, str, bool]]:
