@@ -25,7 +25,7 @@ def test_the_openapi_document_survives_a_bounded_fuzz():
             result = fuzz(server.url, max_examples=50, max_time_s=50, seed=0)
     finally:
         engine.close()
-    print({k: v for k, v in result.items() if k not in ("runs", "failure_details")})
+    print({k: v for k, v in result.items() if k != "runs"})
     assert result["failure_details"] == [] and result["server_errors"] == 0
     assert result["operations"] == 5 and result["skipped_for_time"] == 0
     ran = {(r["operation"], r["mode"]): r["examples"] for r in result["runs"]}

@@ -22,7 +22,8 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict: JSON types as the document declares them (OpenAI refuses "temperature": true too).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class _Response(BaseModel):
