@@ -106,6 +106,14 @@ def test_top_logprobs_are_the_sampled_distributions_most_likely_tokens():
     assert np.isneginf(out.top[0][1][5:]).all()  # top-k 5 keeps five tokens of the eight asked for
 
 
+def test_a_top_k_past_the_vocabulary_keeps_everything():
+    torch.manual_seed(4)
+    logits = torch.randn(2, V)
+    huge = sample(logits, [SamplingParams(temperature=1.0, top_k=2**70)] * 2, seeds=[1, 2])
+    plain = sample(logits, [SamplingParams(temperature=1.0)] * 2, seeds=[1, 2])
+    assert huge.tokens == plain.tokens and huge.support is None and huge.logmass == [0.0, 0.0]
+
+
 def test_samples_follow_the_truncated_distribution():
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0])
     n = 6000

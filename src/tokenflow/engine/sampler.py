@@ -82,7 +82,8 @@ class SamplingBatch:
 
         return cls(
             temperature=t(temps, torch.float32),
-            top_k=t([p.top_k for p in params], torch.int64),
+            # A top_k past the vocabulary keeps everything; clamped so that any int fits.
+            top_k=t([min(p.top_k, _MASK32) for p in params], torch.int64),
             top_p=t([p.top_p for p in params], torch.float32),
             seed=t([s.seed for s in seqs], torch.int64),
             sample_index=t([s.sample_index for s in seqs], torch.int64),
