@@ -71,3 +71,17 @@ def test_serve_names_a_model_that_is_not_there(tmp_path):
     proc = _tokenflow("serve", str(tmp_path / "nothing"))
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "not a model folder" in out and "Traceback" not in out
+
+
+def test_engine_settings_come_from_the_run_then_the_overrides(tmp_path):
+    from tokenflow.cli.serve import engine_config
+    from tokenflow.config.loading import ConfigError
+
+    dry = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", "--dry-run", "--engine.max_num_seqs",
+                          "48"], capture_output=True, text=True, timeout=120, check=True)
+    (tmp_path / "config.toml").write_text(dry.stdout)
+    cfg = engine_config(tmp_path, ["--engine.threads", "2"])
+    assert (cfg.max_num_seqs, cfg.threads, cfg.device) == (48, 2, "cpu")  # the run's, then the override
+    assert engine_config(None, []).device == "auto"  # a model folder: the engine's defaults
+    with pytest.raises(ConfigError, match="only --engine"):
+        engine_config(None, ["--sampling.temperature", "0.5"])
