@@ -31,7 +31,7 @@ reordered float32 dot product of the hidden size (128 here) moves each logit by 
 magnitude. 64 ulps of (1 + |L|) bounds that with headroom; a real difference (a temperature not
 applied, another seed) is orders of magnitude larger. Measured here: 0 against the reference
 (bit-identical, 5 seeds x 2 samples x 24 tokens); 3e-6 at a log-prob of -0.68 between two runs of
-one request whose prompts were admitted in different steps (about 2.5 ulps of the bound there)."""
+one request whose prompts were admitted in different steps (a quarter of the bound there)."""
 
 
 def logprob_tol(values) -> np.ndarray:
