@@ -24,6 +24,10 @@ Conventions (see `shared/REFERENCES.md`):
 * ``turns[t]`` (multi-turn rollouts) is the model turn token t belongs to: model turn k's
   generated tokens have turn k, and the environment tokens appended after model turn k
   (``loss_mask`` 0) have turn k too. None for single-turn rollouts.
+* ``top_logprobs[t]`` (on request, ``SamplingParams.logprobs = N``) is ``(ids, logprobs)``: the N
+  most likely tokens at step t, most likely first, and their log-probs on the scale of
+  ``logprobs[t]`` (the distribution the token was drawn from; ``-inf`` outside the support).
+  Where the sampled token is among them, its value equals ``logprobs[t]``.
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ class Rollout:
     turns: np.ndarray | None = None
     """Multi-turn rollouts: the model-turn index of each completion token (int16; environment
     tokens carry the turn they follow). None for single-turn rollouts."""
+    top_logprobs: list[tuple[np.ndarray, np.ndarray]] | None = None
+    """On request (``SamplingParams.logprobs = N``): per completion token, the N most likely
+    tokens (int32, most likely first) and their log-probs (float32, on the scale of
+    ``logprobs``). Environment tokens have empty arrays. None when not asked for."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = _i32(self.prompt_ids)
@@ -108,6 +116,11 @@ class Rollout:
                     f"Rollout.{name} has {len(arr)} entries but the completion has {n} tokens; "
                     "per-token arrays must have one entry per completion token"
                 )
+        if self.top_logprobs is not None:
+            self.top_logprobs = [_top_pair(entry) for entry in self.top_logprobs]
+            if len(self.top_logprobs) != n:
+                raise ValueError(f"Rollout.top_logprobs has {len(self.top_logprobs)} entries but the "
+                                 f"completion has {n} tokens")
         if self.support is not None and len(self.support) != n:
             raise ValueError(
                 f"Rollout.support has {len(self.support)} entries but the completion has {n} tokens"
@@ -163,6 +176,10 @@ class Rollout:
             a = self.support_logmass if self.support_logmass is not None else np.zeros(self.num_tokens)
             b = other.support_logmass if other.support_logmass is not None else np.zeros(other.num_tokens)
             logmass = np.concatenate([a, b])
+        top = None
+        if self.top_logprobs is not None or other.top_logprobs is not None:
+            top = (list(self.top_logprobs or [_NO_TOP] * self.num_tokens)
+                   + list(other.top_logprobs or [_NO_TOP] * other.num_tokens))
         return Rollout(
             prompt_ids=self.prompt_ids,
             completion_ids=np.concatenate([self.completion_ids, other.completion_ids]),
@@ -182,6 +199,7 @@ class Rollout:
             routed_experts=routed_experts,
             token_rewards=_joined(self.token_rewards, other.token_rewards, self.num_tokens, other.num_tokens),
             turns=_joined(self.turns, other.turns, self.num_tokens, other.num_tokens),
+            top_logprobs=top,
         )
 
     def append_environment(self, ids) -> "Rollout":
@@ -191,7 +209,8 @@ class Rollout:
         re-tokenized, so the next model turn reads exactly these tokens.
 
         The new tokens have ``loss_mask`` 0, ``logprobs`` 0, ``support_logmass`` 0 and
-        ``support`` None (where those fields exist), ``token_rewards`` 0 (where present), and
+        ``support`` None and ``top_logprobs`` empty (where those fields exist), ``token_rewards`` 0
+        (where present), and
         ``turns`` equal to the last token's turn (``turns`` starts as zeros if it was None).
         Their ``versions`` repeat the version of the last generated token: an environment token
         was not sampled and has no age of its own, so metrics and corrections that read versions
@@ -222,6 +241,7 @@ class Rollout:
             loss_mask=more(self.loss_mask, 0),
             support_logmass=more(self.support_logmass, 0.0),
             support=None if self.support is None else list(self.support) + [None] * k,
+            top_logprobs=None if self.top_logprobs is None else list(self.top_logprobs) + [_NO_TOP] * k,
             token_rewards=more(self.token_rewards, 0.0),
             turns=more(turns, self.last_turn),
             routed_experts=None,
@@ -229,6 +249,18 @@ class Rollout:
             info=dict(self.info),
             rewards=dict(self.rewards),
         )
+
+
+_NO_TOP = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))
+"""The ``top_logprobs`` entry of a token with no alternatives recorded (an environment token)."""
+
+
+def _top_pair(entry) -> tuple[np.ndarray, np.ndarray]:
+    ids, logprobs = entry
+    ids, logprobs = _i32(ids), _f32(logprobs)
+    if len(ids) != len(logprobs):
+        raise ValueError(f"a Rollout.top_logprobs entry has {len(ids)} ids but {len(logprobs)} log-probs")
+    return ids, logprobs
 
 
 def _joined(a: np.ndarray | None, b: np.ndarray | None, len_a: int, len_b: int) -> np.ndarray | None:

@@ -83,6 +83,37 @@ def test_truncated_support_logmass_and_logprob(top_k, top_p):
         assert out.logprobs[i] == pytest.approx(full[out.tokens[i]].item() - logmass, abs=1e-6)
 
 
+def test_top_logprobs_are_the_sampled_distributions_most_likely_tokens():
+    torch.manual_seed(3)
+    logits = torch.randn(4, V) * 2
+    params = [SamplingParams(temperature=0.9, top_k=5, logprobs=8), SamplingParams(temperature=0, logprobs=3),
+              SamplingParams(temperature=1.2), SamplingParams(temperature=1.2, top_p=0.7, logprobs=2)]
+    out = sample(logits, params, seeds=[1, 2, 3, 4])
+    assert out.top[2] is None  # not asked
+    for i, temp, n in [(0, 0.9, 8), (1, 1.0, 3), (3, 1.2, 2)]:
+        ids, values = out.top[i]
+        assert len(ids) == len(values) == n
+        dist = torch.log_softmax(logits[i] / temp, -1) - out.logmass[i]
+        if out.support is not None and out.support[i] is not None:  # cut tokens: -inf
+            cut = torch.ones(V, dtype=torch.bool)
+            cut[torch.as_tensor(out.support[i], dtype=torch.long)] = False
+            dist = dist.masked_fill(cut, float("-inf"))
+        want = dist.topk(n)
+        assert ids.tolist() == want.indices.tolist()
+        np.testing.assert_allclose(values, want.values.numpy(), atol=1e-6)
+        if out.tokens[i] in ids.tolist():  # bit for bit the behaviour log-prob
+            assert values[ids.tolist().index(out.tokens[i])] == np.float32(out.logprobs[i])
+    assert np.isneginf(out.top[0][1][5:]).all()  # top-k 5 keeps five tokens of the eight asked for
+
+
+def test_a_top_k_past_the_vocabulary_keeps_everything():
+    torch.manual_seed(4)
+    logits = torch.randn(2, V)
+    huge = sample(logits, [SamplingParams(temperature=1.0, top_k=2**70)] * 2, seeds=[1, 2])
+    plain = sample(logits, [SamplingParams(temperature=1.0)] * 2, seeds=[1, 2])
+    assert huge.tokens == plain.tokens and huge.support is None and huge.logmass == [0.0, 0.0]
+
+
 def test_samples_follow_the_truncated_distribution():
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0])
     n = 6000
@@ -115,6 +146,7 @@ def test_a_row_samples_the_same_whatever_else_is_in_the_batch():
     ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"), ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"),
     ({"stop_token_ids": (3, 500)}, "stop_token_ids"), ({"stop": ("ab",)}, "tokenizer"),
+    ({"logprobs": -1}, "logprobs"), ({"logprobs": 101}, "logprobs"),
 ])
 def test_sampling_params_validation_names_the_field(kwargs, field):
     with pytest.raises(InvalidRequest, match=field):

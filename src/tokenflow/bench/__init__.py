@@ -7,6 +7,7 @@ BENCHMARKS = {
     "chaos": "tokenflow.bench.chaos",
     "engine": "tokenflow.bench.engine",
     "pipeline": "tokenflow.bench.pipeline",
+    "serve": "tokenflow.bench.serve",
     "sync": "tokenflow.bench.sync",
 }
 
@@ -14,6 +15,6 @@ BENCHMARKS = {
 def register(subparsers) -> None:
     from tokenflow.cli.main import register_all
 
-    parser = subparsers.add_parser("bench", help="benchmarks (chaos, engine, pipeline, sync)")
+    parser = subparsers.add_parser("bench", help="benchmarks (chaos, engine, pipeline, serve, sync)")
     register_all(parser.add_subparsers(dest="bench", metavar="BENCHMARK"), BENCHMARKS)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

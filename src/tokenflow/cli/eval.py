@@ -13,7 +13,8 @@ def register(subparsers) -> None:
         description="Evaluate greedy accuracy on the task's held-out split. CHECKPOINT is a model "
                     "folder, a checkpoint folder (checkpoints/step_000010) or a run folder (its latest "
                     "checkpoint and its task). Overrides such as --task.name apply to the task.")
-    p.add_argument("checkpoint", help='model / checkpoint / run folder, or "default"')
+    p.add_argument("checkpoint", help='model / checkpoint / run folder, or a shipped model: "default", '
+                                      '"default-tool", "default-moe"')
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -15,6 +15,7 @@ import sys
 COMMANDS = {
     "train": "tokenflow.cli.train",
     "eval": "tokenflow.cli.eval",
+    "serve": "tokenflow.cli.serve",
     "bench": "tokenflow.bench",
     "simulate": "tokenflow.cli.simulate",
     "report": "tokenflow.cli.report",

@@ -10,12 +10,29 @@ is the contract, run against every backend.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.weights import NamedTensors
 from tokenflow.rollout import Rollout
+
+
+@dataclass
+class TokenDelta:
+    """Tokens one unfinished sample generated since they were last handed out (`new_tokens`)."""
+
+    request_id: str
+    sample_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    """Behaviour log-probs of ``token_ids`` (as `Rollout.logprobs`)."""
+    top_logprobs: list[tuple[np.ndarray, np.ndarray]] | None = None
+    """As `Rollout.top_logprobs`, for these tokens; None unless the request asked."""
 
 
 @runtime_checkable
@@ -58,6 +75,14 @@ class RolloutEngine(Protocol):
         """Called in a loop by the generation worker while `has_unfinished` is true. Does one
         unit of work (a prefill or a decode step) and returns the rollouts that finished in it,
         so rollouts stream to the scorer as they complete."""
+        ...
+
+    def new_tokens(self, request_ids: Collection[str]) -> list[TokenDelta]:
+        """Called by a streaming front end (`tokenflow serve`) after `step`: for every unfinished
+        sample of ``request_ids``, the tokens it generated since the previous call handed them
+        out (samples with none are left out). A sample's remaining tokens come with its
+        `Rollout` when it finishes, so a caller that counts what it received can complete the
+        stream from the rollout. Costs nothing for requests not named."""
         ...
 
     def has_unfinished(self) -> bool:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import torch
 
-from tokenflow.engine.base import collect_samples
+from tokenflow.engine.base import TokenDelta, collect_samples
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.loader import (
@@ -231,7 +231,8 @@ class Engine:
                     self.logits_hook(batch.kind, batch.seqs, logits)
                 sampled = self.sampler(logits, SamplingBatch.from_seqs(batch.seqs, self.device))
             finished = self.scheduler.postprocess(batch.seqs, sampled.tokens, sampled.logprobs,
-                                                  sampled.logmass, sampled.support, self.version)
+                                                  sampled.logmass, sampled.support, self.version,
+                                                  sampled.top)
             self.runner.apply_moves(self.scheduler.take_moves())
             if self._pending_update is not None and not self.scheduler.running:
                 apply_pending(self)  # the drain is over: swap now, not at some later step
@@ -305,6 +306,20 @@ class Engine:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def new_tokens(self, request_ids: Collection[str]) -> list[TokenDelta]:
+        """Tokens generated since the last call by the running samples of ``request_ids``
+        (see `RolloutEngine.new_tokens`)."""
+        out = []
+        with self._lock:
+            for seq in self.scheduler.running:
+                if seq.request_id not in request_ids or seq.reported == seq.num_new_tokens:
+                    continue
+                start, seq.reported = seq.reported, seq.num_new_tokens
+                ids = seq.token_ids[len(seq.token_ids) - seq.num_new_tokens + start:]
+                out.append(TokenDelta(seq.request_id, seq.sample_index, ids, seq.logprobs[start:],
+                                      seq.top[start:] if seq.params.logprobs else None))
+        return out
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._outbox) or self._pending_update is not None

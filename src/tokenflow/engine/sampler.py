@@ -11,6 +11,11 @@ Definitions (the trainer compares against these; see `tokenflow.rollout`):
   sampled token ``a`` under the distribution it was drawn from (softmax(z) restricted to S,
   renormalised). For greedy rows it is ``log_softmax(logits)[a]``.
 
+On request (``SamplingParams.logprobs = N``) a row also returns its N most likely tokens with
+their log-probs on the same scale: ``log softmax(z)[v] - support_logmass`` (``-inf`` outside S),
+computed with the same operations as the sampled token's, so where the sampled token is among
+them the two values are identical. Rows that ask nothing cost nothing extra.
+
 Randomness is counter-based: row r draws one uniform ``u = hash(seed, sample_index, step)``
 (integer mixing in torch, no generator state) and takes the token where the cumulative kept
 probability (in token-id order) first exceeds u - inverse-CDF sampling. A request's tokens thus
@@ -63,6 +68,8 @@ class SamplingBatch:
     any_greedy: bool
     all_greedy: bool
     truncated_rows: list[int]
+    top_n: list[int]
+    """Per row, how many most likely tokens to return (``SamplingParams.logprobs``; 0 = none)."""
 
     @classmethod
     def from_seqs(cls, seqs: list[Sequence], device: torch.device) -> SamplingBatch:
@@ -75,7 +82,8 @@ class SamplingBatch:
 
         return cls(
             temperature=t(temps, torch.float32),
-            top_k=t([p.top_k for p in params], torch.int64),
+            # A top_k past the vocabulary keeps everything; clamped so that any int fits.
+            top_k=t([min(p.top_k, _MASK32) for p in params], torch.int64),
             top_p=t([p.top_p for p in params], torch.float32),
             seed=t([s.seed for s in seqs], torch.int64),
             sample_index=t([s.sample_index for s in seqs], torch.int64),
@@ -83,6 +91,7 @@ class SamplingBatch:
             any_greedy=any(greedy),
             all_greedy=all(greedy),
             truncated_rows=[i for i, p in enumerate(params) if p.truncates],
+            top_n=[p.logprobs for p in params],
         )
 
 
@@ -93,6 +102,9 @@ class SamplerOutput:
     logmass: list[float]
     support: list[np.ndarray | None] | None
     """Per row the sorted kept token ids, or None where nothing was cut (None: no row cut)."""
+    top: list[tuple[np.ndarray, np.ndarray] | None] | None = None
+    """Per row (token ids, log-probs) of its ``top_n`` most likely tokens, most likely first;
+    None for rows that asked for none (None: no row asked)."""
 
 
 def _keep_mask(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -122,6 +134,7 @@ class Sampler:
         total = e.sum(dim=1)
         kept = total
         support = None
+        keep = None
         if batch.truncated_rows:
             idx = torch.tensor(batch.truncated_rows, device=logits.device)
             e_cut = e[idx]
@@ -148,12 +161,37 @@ class Sampler:
         logmass = kept.log() - log_total
         if support is None:
             logmass = torch.zeros_like(logmass)  # exactly 0, not log(total) - log(total) noise
+        top = None
+        if any(batch.top_n):
+            top = self._top(z, zmax, log_total, logmass, keep, batch)
         return SamplerOutput(
             tokens=tokens.tolist(),
             logprobs=(full - logmass).tolist(),
             logmass=logmass.tolist(),
             support=support,
+            top=top,
         )
+
+    @staticmethod
+    def _top(z, zmax, log_total, logmass, keep, batch: SamplingBatch) -> list:
+        """The most likely tokens of the rows that ask for them (see the module docstring)."""
+        rows = [i for i, n in enumerate(batch.top_n) if n > 0]
+        idx = torch.tensor(rows, device=z.device)
+        # The sampled token's log-prob is (z[a] - zmax - log_total) - logmass: the same steps here.
+        scores = (z[idx] - zmax[idx]) - log_total[idx, None]
+        scores = scores - logmass[idx, None]
+        if keep is not None:
+            cut = torch.zeros_like(z, dtype=torch.bool)
+            cut[torch.tensor(batch.truncated_rows, device=z.device)] = ~keep
+            scores = scores.masked_fill(cut[idx], float("-inf"))
+        k = min(max(batch.top_n), z.shape[1])
+        values, ids = scores.topk(k, dim=1)
+        values, ids = values.cpu().numpy(), ids.cpu().numpy().astype(np.int32)
+        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(batch.top_n)
+        for j, r in enumerate(rows):
+            n = min(batch.top_n[r], k)
+            out[r] = (ids[j, :n].copy(), values[j, :n].copy())
+        return out
 
     @staticmethod
     def _supports(keep: torch.Tensor, row_ids: list[int], rows: int, vocab: int) -> list | None:

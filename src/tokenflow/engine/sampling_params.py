@@ -41,6 +41,10 @@ class SamplingParams:
     up to ``engine.max_parked`` sequences, least recently parked evicted first) so that a
     continuation of it (`Rollout.append_environment` + ``add_request(..., resume=)``) prefills
     only its new tokens. Other backends ignore it."""
+    logprobs: int = 0
+    """Also return, per completion token, the ``logprobs`` most likely tokens and their
+    log-probs under the distribution the token was drawn from (`Rollout.top_logprobs`);
+    0 = off (nothing extra is computed)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +73,9 @@ class SamplingParams:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n < 1:
             raise InvalidRequest(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.logprobs <= vocab_size:
+            raise InvalidRequest(f"logprobs must be in [0, {vocab_size}] (the vocabulary; 0 = off), "
+                                 f"got {self.logprobs}")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidRequest(

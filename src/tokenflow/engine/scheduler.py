@@ -119,12 +119,13 @@ class Scheduler:
 
     def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float],
                     logmass: list[float], support: list[np.ndarray | None] | None,
-                    version: int) -> list[Sequence]:
+                    version: int, top: list | None = None) -> list[Sequence]:
         """Append each row's new token, and finish the sequences that stop. Returns the finished."""
         finished = []
         for i, seq in enumerate(seqs):
             token = tokens[i]
-            seq.append(token, logprobs[i], version, logmass[i], support[i] if support else None)
+            seq.append(token, logprobs[i], version, logmass[i], support[i] if support else None,
+                       top[i] if top else None)
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)

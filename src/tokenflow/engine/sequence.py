@@ -53,6 +53,11 @@ class Sequence:
     support: list[np.ndarray | None] = field(default_factory=list)
     truncated: bool = False
     """Whether any generated token had a truncated support (so `Rollout.support` is a list)."""
+    top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    """Per generated token, its ``params.logprobs`` most likely alternatives (ids, log-probs);
+    empty when not asked for."""
+    reported: int = 0
+    """Generated tokens already handed out by `Engine.new_tokens` (streaming front ends)."""
     routing: list[np.ndarray] = field(default_factory=list)
     """MoE models: expert ids of the tokens forwarded so far, in chunks of [tokens, layers, k]
     (the prefill's chunk covers the prompt and any resumed partial; each decode adds one)."""
@@ -92,7 +97,9 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def append(self, token: int, logprob: float, version: int, logmass: float,
-               support: np.ndarray | None) -> None:
+               support: np.ndarray | None, top: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        if top is not None:
+            self.top.append(top)
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
@@ -123,6 +130,7 @@ class Sequence:
             info={"seed": self.seed},
             routed_experts=routing if self.prefix is None else None,
             turns=None if self.turn is None else np.full(n_new, self.turn, dtype=np.int16),
+            top_logprobs=list(self.top) if self.params.logprobs else None,
         )
         out = self.prefix.extend(new, routing) if self.prefix is not None else new
         out.text = text

@@ -78,11 +78,15 @@ class ChatBridge:
         """Token ids that end an assistant turn: the engine's stop tokens for a model turn."""
 
     # ---- rendering --------------------------------------------------------------------------------
-    def render_ids(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> list[int]:
-        """The template's token ids for ``messages`` (what ``apply_chat_template`` tokenizes)."""
+    def render_ids(self, messages: Sequence[dict], *, add_generation_prompt: bool,
+                   schemas: list[dict] | None = None) -> list[int]:
+        """The template's token ids for ``messages`` (what ``apply_chat_template`` tokenizes).
+        ``schemas`` offers those tool schemas instead of the bridge's own (a server rendering
+        each request's ``tools``)."""
         try:
             out = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], tools=self.schemas, add_generation_prompt=add_generation_prompt,
+                [dict(m) for m in messages], tools=self.schemas if schemas is None else schemas,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=True, return_dict=False, chat_template=self.chat_template, **self.template_kwargs)
         except Exception as e:  # noqa: BLE001 - Jinja and tokenizers raise many types
             roles = ", ".join(str(m.get("role")) for m in messages)
@@ -95,9 +99,9 @@ class ChatBridge:
             out = out[0]
         return [int(t) for t in out]
 
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[dict], *, schemas: list[dict] | None = None) -> list[int]:
         """The opening messages with the generation prompt: what the model's first turn follows."""
-        return self.render_ids(messages, add_generation_prompt=True)
+        return self.render_ids(messages, add_generation_prompt=True, schemas=schemas)
 
     def environment_ids(self, new_messages: Sequence[dict], *, assistant: dict | None = None) -> list[int]:
         """The ids to append after a finished assistant turn (which ends with a turn-end id): the

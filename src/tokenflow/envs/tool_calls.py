@@ -78,13 +78,17 @@ class ToolSpec:
     params: tuple[str, ...] = field(default=())
 
 
-def tool_specs(tools: Sequence[Callable] | Mapping[str, Callable] | None) -> dict[str, ToolSpec] | None:
-    """Name → `ToolSpec` for plain functions (a mapping keeps its own names)."""
+def tool_specs(tools: Sequence[Callable] | Mapping[str, Callable | ToolSpec] | None) -> dict[str, ToolSpec] | None:
+    """Name → `ToolSpec` for plain functions (a mapping keeps its own names; `ToolSpec` values,
+    e.g. built from JSON schemas, are kept as they are)."""
     if tools is None:
         return None
     items = tools.items() if isinstance(tools, Mapping) else ((t.__name__, t) for t in tools)
     specs = {}
     for name, fn in items:
+        if isinstance(fn, ToolSpec):
+            specs[name] = fn
+            continue
         params = tuple(p.name for p in inspect.signature(fn).parameters.values()
                        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
         specs[name] = ToolSpec(name, params)
@@ -92,11 +96,11 @@ def tool_specs(tools: Sequence[Callable] | Mapping[str, Callable] | None) -> dic
 
 
 def parse_tool_calls(text: str, tool_format: str,
-                     tools: Sequence[Callable] | Mapping[str, Callable] | None = None) -> list[ParsedCall]:
+                     tools: Sequence[Callable] | Mapping[str, Callable | ToolSpec] | None = None) -> list[ParsedCall]:
     """Every tool call in ``text``, in order of appearance.
 
-    ``tools`` (functions, or a name → function mapping) lets the parser refuse unknown names; the
-    plain format needs it to map positional arguments to parameter names.
+    ``tools`` (functions, or a name → function or `ToolSpec` mapping) lets the parser refuse
+    unknown names; the plain format needs it to map positional arguments to parameter names.
     """
     if tool_format == "hermes":
         return _parse_hermes(text, tool_specs(tools))

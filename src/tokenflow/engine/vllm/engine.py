@@ -13,6 +13,8 @@ What vLLM gives and what this adapter adds:
   truncation), as the trainer recomputes them. vLLM returns no sampling mask, so requests that
   truncate the vocabulary (top-k / top-p) are refused: their log-probs would be over a support
   the trainer cannot rebuild (no Keep Sampling Mask). ``Rollout.support_logmass`` is 0.
+* Top alternatives (``SamplingParams.logprobs = N``): vLLM's ``logprobs = N``, in the same
+  processed mode, as `Rollout.top_logprobs` (vLLM allows at most its ``max_logprobs``, 20).
 * Per-token versions: vLLM reports none, so the adapter tags each token with the version loaded
   when the step that produced it ran (updates land between steps, under one lock).
 * n samples: one vLLM request each, with seeds derived from the request seed and the sample
@@ -37,16 +39,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
-from tokenflow.engine.base import collect_samples
+from tokenflow.engine.base import TokenDelta, collect_samples
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
 from tokenflow.engine.request import RequestLimits, derive_seed, make_group
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.vllm import routing
-from tokenflow.engine.vllm.sample import Sample, checkpoint_shapes
+from tokenflow.engine.vllm.sample import Sample, checkpoint_shapes, top_alternatives
 from tokenflow.engine.weights import IGNORED_SUFFIXES, NamedTensors, as_dict, check_weights, weights_checksum
 from tokenflow.metrics.trace import record
 from tokenflow.rollout import Rollout
@@ -185,12 +188,13 @@ class VLLMEngine:
         seed = derive_seed(sample.seed, sample.sample_index * 1_000_003 + done) & _SEED_MASK
         vp = VParams(temperature=p.temperature, top_p=1.0, top_k=0, max_tokens=p.max_tokens - done,
                      stop_token_ids=list(p.stop_token_ids), stop=list(p.stop) or None, seed=seed,
-                     ignore_eos=p.ignore_eos, logprobs=0, n=1, skip_special_tokens=True,
+                     ignore_eos=p.ignore_eos, logprobs=p.logprobs, n=1, skip_special_tokens=True,
                      detokenize=self.tokenizer is not None,
                      output_kind=RequestOutputKind.DELTA)
         prompt = list(sample.prompt_ids) + (sample.prefix.completion_ids.tolist() if done else [])
         sample.vllm_id = f"{sample.request_id}/{sample.sample_index}/{self._counter}-{len(self._live)}-{time.perf_counter_ns()}"
         sample.tokens, sample.logprobs, sample.versions, sample.routing = [], [], [], None
+        sample.top, sample.reported = [], 0
         inputs = TokensPrompt(prompt_token_ids=prompt)
         if self.routing_layout:
             inputs["cache_salt"] = sample.vllm_id  # prefix caching is on for routing: share no blocks
@@ -236,6 +240,8 @@ class VLLMEngine:
                 new_tokens += len(ids)
                 sample.tokens += ids
                 sample.logprobs += [entry[t].logprob for entry, t in zip(c.logprobs or [], ids)]
+                if sample.params.logprobs:
+                    sample.top += [top_alternatives(entry, sample.params.logprobs) for entry in c.logprobs or []]
                 sample.versions += [self.version] * len(ids)
                 if ro.finished:
                     del self._live[ro.request_id]
@@ -261,6 +267,18 @@ class VLLMEngine:
             return sample.rollout(reason, None, routed)
         full = (sample.prefix.completion_ids.tolist() if sample.prefix is not None else []) + sample.tokens
         return sample.rollout(reason, self.tokenizer.decode(full, skip_special_tokens=True), routed)
+
+    def new_tokens(self, request_ids: Collection[str]) -> list[TokenDelta]:
+        """Tokens vLLM produced since the last call for the running samples of ``request_ids``."""
+        out = []
+        with self._lock:
+            for s in self._live.values():
+                if s.request_id not in request_ids or s.reported == len(s.tokens):
+                    continue
+                start, s.reported = s.reported, len(s.tokens)
+                out.append(TokenDelta(s.request_id, s.sample_index, s.tokens[start:], s.logprobs[start:],
+                                      s.top[start:] if s.params.logprobs else None))
+        return out
 
     def has_unfinished(self) -> bool:
         return bool(self._live or self._held or self._outbox or self._pending is not None)

@@ -31,6 +31,10 @@ class Sample:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    """Per token, its ``params.logprobs`` most likely alternatives (empty when not asked for)."""
+    reported: int = 0
+    """Tokens already handed out by ``new_tokens``."""
     vllm_id: str = ""
     internal_id: str | None = None
     """vLLM's own id for the request (the one it keys its per-request state by)."""
@@ -49,10 +53,19 @@ class Sample:
                       request_id=self.request_id, sample_index=self.sample_index,
                       group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed},
                       routed_experts=routed_experts if self.prefix is None else None,
-                      turns=None if self.turn is None else np.full(len(self.tokens), self.turn, np.int16))
+                      turns=None if self.turn is None else np.full(len(self.tokens), self.turn, np.int16),
+                      top_logprobs=list(self.top) if self.params.logprobs else None)
         out = self.prefix.extend(new, routed_experts) if self.prefix is not None else new
         out.text = text
         return out
+
+
+def top_alternatives(entry: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` most likely tokens of one vLLM log-prob entry (token id -> Logprob, holding the
+    top ``n`` by rank and the sampled token), most likely first."""
+    best = sorted(entry.items(), key=lambda kv: kv[1].rank)[:n]
+    return (np.asarray([t for t, _ in best], dtype=np.int32),
+            np.asarray([lp.logprob for _, lp in best], dtype=np.float32))
 
 
 def checkpoint_shapes(folder: Path, hf_config) -> tuple[dict, dict]:

@@ -1,0 +1,388 @@
+"""`OpenAIService`: chat and text completions on an `EngineDriver`, whole or streamed.
+
+A request becomes one engine request per prompt (its ``n`` samples share the prefill). A
+non-streamed call waits for every sample's `Rollout`; a streamed one sends each sample's tokens
+as the engine hands them out and completes them from the rollout. Either way the ids, behaviour
+log-probs and versions of the call reach ``on_call`` (a `CallHook`) as rollouts, which is how a
+training runtime can record agent traffic served here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tokenflow.engine.base import TokenDelta
+from tokenflow.engine.errors import InvalidRequest
+from tokenflow.engine.sampling_params import SamplingParams
+from tokenflow.rollout import Rollout
+from tokenflow.serve.chat import ChatFormat, parse_output
+from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
+from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
+from tokenflow.serve.output import ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_logprobs
+from tokenflow.serve.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    FunctionCallDelta,
+    ModelCard,
+    ModelList,
+    ToolCallDelta,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedCall:
+    """One finished call, as a `CallHook` sees it."""
+
+    endpoint: Literal["chat.completions", "completions"]
+    request: ChatCompletionRequest | CompletionRequest
+    prompt_ids: list[list[int]]
+    """One list per prompt (a chat call has one)."""
+    rollouts: list[list[Rollout]]
+    """Per prompt, its n samples by sample index: completion ids, behaviour log-probs,
+    versions (the policy version of each token), finish reasons."""
+    response: dict | None
+    """The body returned (None for a streamed call)."""
+
+
+CallHook = Callable[[Request, ServedCall], Awaitable[None] | None]
+"""Called with the HTTP request (its path parameters, headers) once a call has finished,
+before its response (or a stream's ``[DONE]``) is sent."""
+
+
+@dataclass
+class _Call:
+    """What one call is running: its prompts, their submissions and choices."""
+
+    prompts: list[list[int]]
+    n: int
+    queue: asyncio.Queue
+    subs: list
+    choices: list[ChoiceOutput]
+
+    def choice_of(self, request_id: str, sample_index: int) -> ChoiceOutput:
+        p = next(i for i, s in enumerate(self.subs) if s.request_id == request_id)
+        return self.choices[p * self.n + sample_index]
+
+    @property
+    def rollouts(self) -> list[list[Rollout]]:
+        return [[c.rollout for c in self.choices[p * self.n:(p + 1) * self.n]] for p in range(len(self.prompts))]
+
+    @property
+    def usage(self) -> Usage:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(len(c.ids) for c in self.choices)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class OpenAIService:
+    """The endpoints' behaviour, independent of routing (`tokenflow.serve.app` mounts it)."""
+
+    def __init__(self, driver: EngineDriver, model_name: str) -> None:
+        engine = driver.engine
+        self.driver = driver
+        self.model_name = model_name
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.chat_format = ChatFormat(self.tokenizer)
+        self.strings = TokenStrings(self.tokenizer)
+        self.created = int(time.time())
+        self.closing = False
+        """Set when the server starts shutting down: new calls get a 503."""
+
+    # -- models -------------------------------------------------------------------------------
+
+    def models(self) -> ModelList:
+        return ModelList(data=[self._card()])
+
+    def model(self, name: str) -> ModelCard:
+        self._check_model(name)
+        return self._card()
+
+    def _card(self) -> ModelCard:
+        return ModelCard(id=self.model_name, created=self.created, max_model_len=self.max_model_len)
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                           param="model", code="model_not_found")
+
+    def _check_open(self) -> None:
+        if self.closing or self.driver.failure is not None:
+            raise unavailable("the server is shutting down" if self.driver.failure is None
+                              else "the engine failed; restart the server")
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    async def chat(self, body: ChatCompletionRequest, request: Request, on_call: CallHook | None = None):
+        self._check_open()
+        self._check_model(body.model)
+        _refuse_unsupported(body)
+        if body.top_logprobs and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        prompt = self.chat_format.prompt_ids(body.messages, body.tools)
+        self._check_context([prompt], "messages")
+        limit = min(x for x in (body.max_tokens, body.max_completion_tokens, 1 << 62) if x is not None)
+        top_n = (body.top_logprobs or 0) if body.logprobs else 0
+        params = [self._params(body, prompt, limit, self.chat_format.turn_end_ids, top_n)]
+        call = await self._start([prompt], params, body.stream)
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        if body.stream:
+            return self._sse(self._chat_stream(call, body, tools, top_n, request, on_call), call)
+        try:
+            await self._wait(call)
+        finally:
+            self._cancel(call)
+        choices = []
+        for c in call.choices:
+            content, calls = (c.text.released, [])
+            if tools:
+                content, calls = parse_output(c.text.released, tools, body.tool_format)
+            choices.append(ChatChoice(
+                index=c.index, message=AssistantMessage(content=content, tool_calls=calls or None),
+                finish_reason="tool_calls" if calls else c.finish_reason,
+                logprobs=ChoiceLogprobs(content=chat_logprobs(c, 0, top_n, self.strings)) if body.logprobs else None,
+                token_ids=c.ids if body.return_token_ids else None))
+        result = ChatCompletion(id=_id("chatcmpl"), created=int(time.time()), model=self.model_name,
+                                choices=choices, usage=call.usage,
+                                prompt_token_ids=prompt if body.return_token_ids else None).model_dump(mode="json")
+        await _notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, result))
+        return JSONResponse(result)
+
+    async def _chat_stream(self, call: _Call, body: ChatCompletionRequest, tools, top_n: int,
+                           request: Request, on_call: CallHook | None) -> AsyncIterator[str]:
+        cid, created = _id("chatcmpl"), int(time.time())
+
+        def chunk(choices, **extra) -> str:
+            return _event(ChatCompletionChunk(id=cid, created=created, model=self.model_name, choices=choices,
+                                              **extra).model_dump(mode="json"))
+
+        yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=""))
+                     for c in call.choices], prompt_token_ids=call.prompts[0] if body.return_token_ids else None)
+        async for c, start, text, done in self._progress(call):
+            delta = ChatDelta(content=text if text and not tools else None)
+            logprobs = ChoiceLogprobs(content=chat_logprobs(c, start, top_n, self.strings)) if body.logprobs else None
+            ids = c.ids[start:] if body.return_token_ids else None
+            if delta.content is not None or start < len(c.ids):
+                yield chunk([ChatChunkChoice(index=c.index, delta=delta, logprobs=logprobs, token_ids=ids)])
+            if not done:
+                continue
+            reason = c.finish_reason
+            if tools:
+                content, calls = parse_output(c.text.released, tools, body.tool_format)
+                deltas = [ToolCallDelta(index=k, id=t.id, type="function",
+                                        function=FunctionCallDelta(name=t.function.name, arguments=t.function.arguments))
+                          for k, t in enumerate(calls)]
+                reason = "tool_calls" if calls else reason
+                if content or deltas:
+                    yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(content=content or None,
+                                                                                tool_calls=deltas or None))])
+            yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(), finish_reason=reason)])
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield chunk([], usage=call.usage)
+        await _notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, None))
+
+    # -- completions --------------------------------------------------------------------------
+
+    async def completions(self, body: CompletionRequest, request: Request, on_call: CallHook | None = None):
+        self._check_open()
+        self._check_model(body.model)
+        _refuse_unsupported(body)
+        if body.echo:
+            raise bad_request("echo is not supported", "echo")
+        if body.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise bad_request("best_of is not supported (other than best_of == n)", "best_of")
+        prompts = self._prompt_ids(body.prompt)
+        self._check_context(prompts, "prompt")
+        top_n = body.logprobs or 0
+        params = [self._params(body, p, body.max_tokens or 1 << 62, (), top_n) for p in prompts]
+        call = await self._start(prompts, params, body.stream)
+        if body.stream:
+            return self._sse(self._completion_stream(call, body, top_n, request, on_call), call)
+        try:
+            await self._wait(call)
+        finally:
+            self._cancel(call)
+        choices = [CompletionChoice(
+            index=c.index, text=c.text.released, finish_reason=c.finish_reason,
+            logprobs=completion_logprobs(c, 0, top_n, self.strings) if body.logprobs is not None else None,
+            prompt_token_ids=call.prompts[c.index // call.n] if body.return_token_ids else None,
+            token_ids=c.ids if body.return_token_ids else None) for c in call.choices]
+        result = Completion(id=_id("cmpl"), created=int(time.time()), model=self.model_name, choices=choices,
+                            usage=call.usage).model_dump(mode="json")
+        await _notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, result))
+        return JSONResponse(result)
+
+    async def _completion_stream(self, call: _Call, body: CompletionRequest, top_n: int, request: Request,
+                                 on_call: CallHook | None) -> AsyncIterator[str]:
+        cid, created = _id("cmpl"), int(time.time())
+
+        def chunk(choices, usage=None) -> str:
+            return _event(Completion(id=cid, created=created, model=self.model_name, choices=choices,
+                                     usage=usage).model_dump(mode="json"))
+
+        async for c, start, text, done in self._progress(call):
+            if not text and start == len(c.ids) and not done:
+                continue
+            first = start == 0
+            yield chunk([CompletionChoice(
+                index=c.index, text=text, finish_reason=c.finish_reason if done else None,
+                logprobs=completion_logprobs(c, start, top_n, self.strings) if body.logprobs is not None else None,
+                prompt_token_ids=call.prompts[c.index // call.n] if body.return_token_ids and first else None,
+                token_ids=c.ids[start:] if body.return_token_ids else None)])
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield chunk([], usage=call.usage)
+        await _notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, None))
+
+    def _prompt_ids(self, prompt) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt is empty", "prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise bad_request("this model has no tokenizer; send the prompt as token ids", "prompt")
+                try:
+                    p = self.tokenizer(p, add_special_tokens=True)["input_ids"]
+                except Exception as e:  # noqa: BLE001 - tokenizers raise plain Exceptions
+                    raise bad_request(f"the prompt cannot be encoded by this model's tokenizer ({e}); "
+                                      "check its characters, or send token ids", "prompt") from None
+            if not p:
+                raise bad_request("a prompt has no tokens", "prompt")
+            out.append(list(p))
+        return out
+
+    # -- running a call -----------------------------------------------------------------------
+
+    def _check_context(self, prompts: list[list[int]], param: str) -> None:
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens, and the {param} "
+                f"{'is' if param == 'prompt' else 'are'} {longest} tokens, leaving no room for a completion. "
+                f"Please shorten the {param}.", param, "context_length_exceeded")
+
+    def _params(self, body, prompt: list[int], max_tokens: int, stop_ids: tuple[int, ...], top_n: int) -> SamplingParams:
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if any(not s for s in stop):
+            raise bad_request("stop strings must not be empty", "stop")
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+            max_tokens=min(max_tokens, self.max_model_len - len(prompt)),
+            stop_token_ids=stop_ids, stop=tuple(stop), n=body.n, seed=body.seed,
+            ignore_eos=body.ignore_eos, logprobs=top_n)
+
+    async def _start(self, prompts: list[list[int]], params: list[SamplingParams], stream: bool) -> _Call:
+        n = params[0].n
+        call = _Call(prompts, n, asyncio.Queue(), [], [])
+        try:
+            call.subs = await self.driver.submit(list(zip(prompts, params)), stream=stream, events=call.queue)
+        except InvalidRequest as e:
+            raise bad_request(str(e)) from None
+        except DriverClosed as e:
+            raise unavailable(str(e)) from None
+        # Built once the engine has accepted n (events wait in the queue meanwhile).
+        call.choices = [ChoiceOutput(p * n + i, TextAssembler(self.tokenizer, params[p].stop))
+                        for p in range(len(prompts)) for i in range(n)]
+        return call
+
+    async def _progress(self, call: _Call) -> AsyncIterator[tuple[ChoiceOutput, int, str, bool]]:
+        """(choice, first new token, newly released text, finished?) per engine event, until
+        every sample has finished."""
+        pending = len(call.choices)
+        while pending:
+            event = await call.queue.get()
+            if isinstance(event, TokenDelta):
+                c = call.choice_of(event.request_id, event.sample_index)
+                start, text = c.add(event.token_ids, event.logprobs, event.top_logprobs)
+                yield c, start, text, False
+            elif isinstance(event, Rollout):
+                c = call.choice_of(event.request_id, event.sample_index)
+                start, text = c.finish(event)
+                pending -= 1
+                yield c, start, text, True
+            elif isinstance(event, DriverClosed):
+                raise unavailable(str(event))
+            elif isinstance(event, EngineFailed):
+                logger.error("serve: a request failed because the engine failed: %s", event)
+                raise internal_error()
+            else:
+                raise TypeError(f"unexpected engine event {event!r}")
+
+    async def _wait(self, call: _Call) -> None:
+        async for _ in self._progress(call):
+            pass
+
+    def _cancel(self, call: _Call) -> None:
+        self.driver.cancel(call.subs)
+
+    def _sse(self, events: AsyncIterator[str], call: _Call) -> StreamingResponse:
+        async def body() -> AsyncIterator[str]:
+            try:
+                try:
+                    async for event in events:
+                        yield event
+                except APIError as e:  # the status line is sent: the error goes in the stream
+                    yield _event(e.body())
+                except Exception as e:  # noqa: BLE001 - a bug: logged, reported without internals
+                    logger.error("serve: a stream failed", exc_info=e)
+                    yield _event(internal_error().body())
+                yield "data: [DONE]\n\n"
+            finally:
+                self._cancel(call)  # a client that went away: its samples stop
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _refuse_unsupported(body) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise bad_request(f"{name} is not supported (only 0)", name)
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", "logit_bias")
+
+
+async def _notify(on_call: CallHook | None, request: Request, call: ServedCall) -> None:
+    if on_call is None:
+        return
+    result = on_call(request, call)
+    if inspect.isawaitable(result):
+        await result
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"

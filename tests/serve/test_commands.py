@@ -1,0 +1,87 @@
+"""The commands: `tokenflow serve` in its own process (API key from the environment, SIGTERM
+stops it cleanly), `tokenflow bench serve --json`, and a model that is not there."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tokenflow.bench.serve import _free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _tokenflow(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, **kw.pop("env", {})}
+    return subprocess.Popen([sys.executable, "-m", "tokenflow.cli.main", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
+    port = _free_port()
+    proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--model-name", "tiny",
+                      env={"TOKENFLOW_API_KEY": "sk-env"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "1+1=", "max_tokens": 3}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 401
+        r = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": "Bearer sk-env"}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sk-env"},
+                         timeout=10).json()["data"][0]["id"] == "tiny"
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal: the exit status says SIGTERM.
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+        log = proc.stdout.read()
+        assert "Application shutdown complete" in log and "Traceback" not in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bench_serve_prints_one_json_object():
+    proc = _tokenflow("bench", "serve", "--in-process", "--clients", "2", "--requests", "6", "--max-tokens", "4",
+                      "--json")
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["errors"] == 0 and result["requests"] == 6 and result["completion_tokens_per_s"] > 0
+    assert 0 < result["ttft_p50_s"] <= result["latency_p50_s"] <= result["latency_p99_s"]
+
+
+def test_serve_names_a_model_that_is_not_there(tmp_path):
+    proc = _tokenflow("serve", str(tmp_path / "nothing"))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "not a model folder" in out and "Traceback" not in out
+
+
+def test_engine_settings_come_from_the_run_then_the_overrides(tmp_path):
+    from tokenflow.cli.serve import engine_config
+    from tokenflow.config.loading import ConfigError
+
+    dry = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", "--dry-run", "--engine.max_num_seqs",
+                          "48"], capture_output=True, text=True, timeout=120, check=True)
+    (tmp_path / "config.toml").write_text(dry.stdout)
+    cfg = engine_config(tmp_path, ["--engine.threads", "2"])
+    assert (cfg.max_num_seqs, cfg.threads, cfg.device) == (48, 2, "cpu")  # the run's, then the override
+    assert engine_config(None, []).device == "auto"  # a model folder: the engine's defaults
+    with pytest.raises(ConfigError, match="only --engine"):
+        engine_config(None, ["--sampling.temperature", "0.5"])

@@ -1,0 +1,34 @@
+"""A schema fuzz of the server (schemathesis against its own OpenAPI document, loopback only):
+positive and negative requests for every operation, at most 50 of each and 50 s in all, with
+0 server errors and every answer as the document declares it. `python -m
+tokenflow.bench.serve_fuzz` runs the same fuzz with other bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenflow.bench.serve_fuzz import fuzz
+from tokenflow.engine import EngineConfig
+from tokenflow.engine.factory import make_engine
+from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.serve.app import create_app
+from tokenflow.serve.server import BackgroundServer
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_the_openapi_document_survives_a_bounded_fuzz():
+    engine = make_engine(resolve_model_path("default-tool"),
+                         EngineConfig(device="cpu", threads=1, max_num_seqs=8, max_model_len=96, seed=0))
+    try:
+        with BackgroundServer(create_app(engine, "default-tool")) as server:
+            result = fuzz(server.url, max_examples=50, max_time_s=50, seed=0)
+    finally:
+        engine.close()
+    print({k: v for k, v in result.items() if k != "runs"})
+    assert result["failure_details"] == [] and result["server_errors"] == 0
+    assert result["operations"] == 5 and result["skipped_for_time"] == 0
+    ran = {(r["operation"], r["mode"]): r["examples"] for r in result["runs"]}
+    for op in ("POST /v1/chat/completions", "POST /v1/completions"):
+        assert ran[(op, "positive")] == ran[(op, "negative")] == 50
+    assert result["statuses"].get("200", 0) > 20  # requests got through to the engine, not only refusals
