@@ -199,6 +199,18 @@ class AlgorithmConfig(ConfigModel):
         return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["needs_values"]]
 
     @property
+    def zero_advantage_is_inert(self) -> bool:
+        """Whether a sequence whose advantage is 0 on every loss token adds exactly nothing to
+        the loss and its gradient: the policy loss declares it vanishes with the advantage
+        (its registry property ``zero_at_zero_advantage``), and no other term reads the
+        sequence (no KL-to-reference loss, no entropy bonus, no value loss). Aggregation weights
+        depend on the sequence itself and the step's counts only, so the trainer may leave such
+        a sequence out if it keeps it in the counts."""
+        kl_in_loss = self.kl_coef > 0 and not self.kl_in_reward
+        return (bool(POLICY_LOSSES.props(self.policy_loss)["zero_at_zero_advantage"])
+                and not kl_in_loss and self.entropy_coef == 0 and not self.uses_values)
+
+    @property
     def needs_prox_pass(self) -> bool:
         """Whether a no-grad forward pass for π_prox is needed before the step."""
         return self.objective == "decoupled" or not self.behaviour_logprobs
