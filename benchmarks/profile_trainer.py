@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     cursor = 0
     step(cursor)  # warm-up
     cursor += cfg.rollout.prompts_per_step
-    walls, metrics, padded, zero_groups = [], [], [], []
+    walls, metrics, padded, zero_groups, rewards_mean = [], [], [], [], []
     ops: dict[str, list[float]] = {}  # operator → [self CPU µs, calls], train_step only
     prof = cProfile.Profile() if args.cprofile else None
     orig_micro_batches = trainer._micro_batches
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rollouts:
             rewards.setdefault(r.group_id, set()).add(r.reward)
         zero_groups.append(sum(len(v) == 1 for v in rewards.values()) / len(rewards))
+        rewards_mean.append(sum(r.reward for r in rollouts) / len(rollouts))
         if prof:
             prof.enable()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
@@ -152,14 +153,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(m['perf/train_tokens'] for m in metrics) / n:.0f} tokens forwarded/step, "
           f"{sum(m['perf/micro_batches'] for m in metrics) / n:.1f} micro-batches/step, "
           f"{sum(m['perf/sequences'] for m in metrics) / n:.0f} sequences/step, "
-          f"reward {sum(m.get('reward/mean', 0) for m in metrics) / n:.3f}")
-    for key in ("trainer/skipped_sequences", "trainer/skipped_tokens"):
+          f"mean reward {sum(rewards_mean) / n:.3f}")
+    for key in ("perf/skipped_sequences", "perf/skipped_tokens"):
         if key in metrics[0]:
             print(f"  {key}: {sum(m[key] for m in metrics) / n:.1f} per step")
-    total = sum(walls)
     print(f"  padded tokens {sum(padded) / n:.0f}/step ({1 - sum(m['perf/train_tokens'] for m in metrics) / max(sum(padded), 1):.1%} padding); "
           f"groups with equal rewards {sum(zero_groups) / n:.1%}")
-    print("\nphase (inclusive CPU time per step under the profiler, share of the profiled step):")
+    print("\nphase (inclusive CPU time per step, under the profiler):")
     for key in sorted(k for k in ops if k[:1].isdigit()):
         t = ops[key][2] / 1e6 / n
         print(f"  {key:34s} {t:7.3f} s")
