@@ -154,7 +154,16 @@ def run_trl(python: Path, w: Workload, seed: int, steps: int, out: Path, *, save
     points += [{"step": m["step"], "wall_s": m["wall_s"], "model": m["checkpoint"]} for m in res["marks"] if "checkpoint" in m]
     points.append({"step": steps, "wall_s": res["train_wall_s"], "model": str(out / "model")})
     return RunResult("trl", seed, res["steps"], res["train_wall_s"], process_wall, res["completion_tokens"], points,
-                     {"versions": res["versions"], "threads": threads})
+                     {"versions": res["versions"], "threads": threads,
+                      "prompts_in_stream_order": res["step_prompts"] == stream_prompts(steps)})
+
+
+def stream_prompts(steps: int, per_step: int = 16) -> list[list[str]]:
+    """The prompt texts tokenflow's steps train on: the arithmetic training stream, in order."""
+    from tokenflow.tasks.arithmetic import ArithmeticTask
+
+    task = ArithmeticTask(seed=0)
+    return [[task.train_prompt(s * per_step + i).text for i in range(per_step)] for s in range(steps)]
 
 
 # ---- scoring --------------------------------------------------------------------------------------

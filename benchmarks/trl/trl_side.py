@@ -60,8 +60,10 @@ def main(argv=None) -> int:
         rows.append({"prompt": bos + p.text, "answer": p.example["answer"]})
     dataset = datasets.Dataset.from_list(rows)
     counted = {"completion_tokens": 0, "samples": 0}
+    step_prompts: list[list[str]] = []  # each batch's prompts, in order, without BOS
 
     def reward(prompts, completions, answer, completion_ids=None, **_):
+        step_prompts.append([p[len(bos):] for p in dict.fromkeys(prompts)])
         counted["samples"] += len(completions)
         counted["completion_tokens"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0
         return [arithmetic_reward(p, c, {"answer": a}) for p, c, a in zip(prompts, completions, answer)]
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         "side": "trl", "steps": args.steps, "train_wall_s": train_wall,
         "process_wall_s": time.perf_counter() - t_process,
         "completion_tokens": counted["completion_tokens"], "samples": counted["samples"],
-        "marks": marks, "threads": args.threads, "load_average": list(os.getloadavg()),
+        "marks": marks, "step_prompts": step_prompts, "threads": args.threads, "load_average": list(os.getloadavg()),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "log_history": trainer.state.log_history,
     }

@@ -106,10 +106,12 @@ def sft_batch(task, tokenizer, rng: np.random.Generator, batch: int, slip: float
 # depth, and completions whose lengths have a long tail, as in reasoning RL: 40% of sampled
 # completions start with a run of spaces of lognormal length (median 40, up to 200) that carries
 # no information, so a few samples of each step run far longer than the rest. Greedy decoding
-# skips the run, so held-out accuracy is measured on the arithmetic as usual.
+# skips the run, so held-out accuracy is measured on the arithmetic as usual. Carries are
+# forgotten less often than in the default model (slip 0.3): after 400 steps greedy accuracy is
+# about 0.41 (0.19 with slip 0.6, when most groups of 8 samples were all wrong).
 PRESETS = {
     "distill-student": {"hidden": 64, "layers": 2, "heads": 4, "steps": 150, "eval_every": 150},
-    "long-tail": {"hidden": 256, "layers": 4, "heads": 8, "steps": 400, "eval_every": 400,
+    "long-tail": {"hidden": 256, "layers": 4, "heads": 8, "steps": 400, "eval_every": 400, "slip": 0.3,
                   "filler_share": 0.4, "filler_median": 40.0, "filler_cap": 200, "max_positions": 512},
 }
 
