@@ -64,3 +64,4 @@ def test_trl_side_runs(tmp_path):
     (run,) = results["runs"]
     assert [p["step"] for p in run["points"]] == [0, 1, 2]
     assert run["extra"]["versions"]["trl"] == "1.16.0"
+    assert run["extra"]["prompts_in_stream_order"]  # TRL trained on tokenflow's prompts, in order
