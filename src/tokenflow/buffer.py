@@ -18,11 +18,17 @@ once the trainer has consumed its rollout *and* the weights produced by that ste
 the engine — so with ``max_staleness = 0`` nothing is generated before the new weights arrive:
 synchronous training through the same code path.
 
+**Dynamic sampling** (DAPO, optional): a scored group whose samples all got the same reward is
+dropped at ``put`` instead of becoming ready, and its rollouts leave the admitted count, so the
+slot it held is free again and admission refills it with the next prompt. A cap on the drops
+between two batches keeps a run whose every group is flat moving (see :class:`DynamicSampling`).
+
 The buffer is plain Python with no locks: the orchestrator owns it and calls it from one thread.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +37,8 @@ import numpy as np
 
 from tokenflow.rollout import Rollout
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class BufferStats:
@@ -38,6 +46,9 @@ class BufferStats:
     groups_ready: int = 0
     groups_consumed: int = 0
     groups_dropped: int = 0
+    """Groups dynamic sampling dropped (equal rewards), over the run."""
+    flat_groups_kept: int = 0
+    """Equal-reward groups dynamic sampling kept because its cap was reached."""
     rollouts_failed: int = 0
     tokens_rejected: int = 0
     admission_wait_s: float = 0.0
@@ -48,11 +59,51 @@ class BufferStats:
     """Token age at consumption (trainer version − token version) → token count."""
 
 
+def equal_rewards(group: list[Rollout]) -> bool:
+    """Whether the group's scored samples (at least one) all got the same reward: then every
+    group-relative advantage in it is 0. A group whose every sample failed is not "equal"."""
+    rewards = {r.reward for r in group if not r.failed}
+    return len(rewards) == 1
+
+
+class DynamicSampling:
+    """DAPO's filter with a guard: drop equal-reward groups, at most ``max_drops`` of them
+    between two consecutive batches; past that, keep them (the trainer skips them, as it skips
+    every zero-advantage sequence) and warn once per run, so that a task the model has solved,
+    or cannot solve at all, slows the run down instead of stalling it."""
+
+    def __init__(self, max_drops: int) -> None:
+        self.max_drops = max_drops
+        self.since_batch = 0
+        self.warned = False
+
+    def drop(self, group: list[Rollout]) -> bool:
+        if not equal_rewards(group):
+            return False
+        if self.since_batch < self.max_drops:
+            self.since_batch += 1
+            return True
+        if not self.warned:
+            self.warned = True
+            log.warning(
+                "dynamic sampling dropped %d groups with equal rewards since the last batch (the cap, "
+                "algorithm.dynamic_sampling_max_batches × rollout.prompts_per_step); equal-reward groups are "
+                "kept until the next batch so the run goes on (they add nothing to the gradient). When every "
+                "group gets the same reward the task is solved or too hard for the model: see "
+                "docs/howto/doesnt-learn.md. Counted as buffer/flat_groups_kept.", self.since_batch)
+        return False
+
+    def batch_taken(self) -> int:
+        """A batch left the buffer: return the groups dropped while it filled, and start again."""
+        n, self.since_batch = self.since_batch, 0
+        return n
+
+
 class RolloutBuffer:
     """Bounded, version-aware buffer of scored rollout groups. See the module docstring."""
 
     def __init__(self, prompts_per_step: int, group_size: int, max_staleness: int,
-                 max_token_age: int | None = None) -> None:
+                 max_token_age: int | None = None, dynamic_sampling: DynamicSampling | None = None) -> None:
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -62,6 +113,9 @@ class RolloutBuffer:
         self.in_flight: OrderedDict[int, int] = OrderedDict()  # group_id -> prompt_id
         self.ready: dict[int, list[Rollout]] = {}
         self.stats = BufferStats()
+        self.dynamic_sampling = dynamic_sampling
+        self.last_batch_dropped = 0
+        """Groups dynamic sampling dropped while the last batch taken was filling."""
         self._blocked_since: float | None = None
         self._starved_since: float | None = None
 
@@ -97,14 +151,24 @@ class RolloutBuffer:
         self.engine_version = max(self.engine_version, version)
 
     # ---- completion ------------------------------------------------------------------------
-    def put(self, group: list[Rollout]) -> None:
-        """A scored group (all samples of one prompt) is ready for training."""
+    def put(self, group: list[Rollout]) -> bool:
+        """A scored group (all samples of one prompt) is ready for training; False when dynamic
+        sampling dropped it instead (its slot is free for a new prompt)."""
         gid = group[0].group_id
         if gid not in self.in_flight:
             raise KeyError(f"group {gid} was not admitted (or was already put)")
+        if self.dynamic_sampling is not None:
+            if self.dynamic_sampling.drop(group):
+                del self.in_flight[gid]
+                self.rollouts_admitted -= self.group_size
+                self.stats.groups_dropped += 1
+                return False
+            if equal_rewards(group):
+                self.stats.flat_groups_kept += 1
         self.ready[gid] = group
         self.stats.groups_ready += 1
         self.stats.rollouts_failed += sum(r.failed for r in group)
+        return True
 
     @property
     def num_ready(self) -> int:
@@ -146,6 +210,8 @@ class RolloutBuffer:
                 if self.max_token_age is not None:
                     self.stats.tokens_rejected += int((ages > self.max_token_age).sum())
         self.stats.groups_consumed += len(batch)
+        if self.dynamic_sampling is not None:
+            self.last_batch_dropped = self.dynamic_sampling.batch_taken()
         return batch
 
     def mark_trainer_waiting(self, now: float | None = None) -> None:
@@ -165,6 +231,7 @@ class RolloutBuffer:
             "buffer/admission_wait_s": self.stats.admission_wait_s,
             "buffer/batch_wait_s": self.stats.batch_wait_s,
             "buffer/groups_dropped": float(self.stats.groups_dropped),
+            "buffer/flat_groups_kept": float(self.stats.flat_groups_kept),
             "buffer/rollouts_failed": float(self.stats.rollouts_failed),
             "buffer/tokens_rejected": float(self.stats.tokens_rejected),
             "buffer/token_age_mean": mean_age,
@@ -179,6 +246,8 @@ class RolloutBuffer:
             "in_flight": list(self.in_flight.items()),
             "ready": {gid: g for gid, g in self.ready.items()},
             "age_histogram": dict(self.stats.age_histogram),
+            "groups_dropped": self.stats.groups_dropped,
+            "flat_groups_kept": self.stats.flat_groups_kept,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -187,3 +256,5 @@ class RolloutBuffer:
         self.in_flight = OrderedDict((int(g), int(p)) for g, p in state["in_flight"])
         self.ready = {int(g): v for g, v in state["ready"].items()}
         self.stats.age_histogram = Counter({int(k): v for k, v in state["age_histogram"].items()})
+        self.stats.groups_dropped = int(state.get("groups_dropped", 0))
+        self.stats.flat_groups_kept = int(state.get("flat_groups_kept", 0))

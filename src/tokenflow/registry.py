@@ -164,9 +164,11 @@ ADVANTAGES = Registry("advantage estimator", "algorithm.advantage",
 (uses per-token rewards, so ``kl_in_reward`` may put the KL penalty there), ``normalised``
 (already normalises over the batch: ``whiten_advantages`` is not applied again)."""
 
-POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
+POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss", defaults={"zero_at_zero_advantage": False})
 """``fn(logprobs, old_logprobs, adv, clip_low, clip_high, *, mask, seq_index, num_seqs) ->
-(per-token loss, clipped)``; see :mod:`tokenflow.algorithms.losses`."""
+(per-token loss, clipped)``; see :mod:`tokenflow.algorithms.losses`. Property:
+``zero_at_zero_advantage`` (a sequence whose advantage is 0 on every token gets loss 0 and
+gradient 0, whatever its ratios and the other sequences are, so the trainer may skip it)."""
 
 AGGREGATIONS = Registry("aggregation mode", "algorithm.aggregation")
 """``fn(mask, seq_index, seq_tokens, counts, max_completion_tokens) -> per-token weights``; see
@@ -242,9 +244,9 @@ ADVANTAGES.add("reinforce_pp_baseline", _A + "reinforce_pp_baseline", token_rewa
 ADVANTAGES.add("gae", _A + "gae", needs_values=True, token_rewards=True)
 
 _L = "tokenflow.algorithms.losses:"
-POLICY_LOSSES.add("ppo", _L + "ppo_clip")
-POLICY_LOSSES.add("gspo", _L + "gspo")
-POLICY_LOSSES.add("cispo", _L + "cispo")
+POLICY_LOSSES.add("ppo", _L + "ppo_clip", zero_at_zero_advantage=True)
+POLICY_LOSSES.add("gspo", _L + "gspo", zero_at_zero_advantage=True)
+POLICY_LOSSES.add("cispo", _L + "cispo", zero_at_zero_advantage=True)
 
 _G = "tokenflow.algorithms.aggregation:"
 AGGREGATIONS.add("token_mean", _G + "token_mean")

@@ -58,6 +58,8 @@ def test_unknown_registered_name_lists_the_known_ones_and_suggests_one(key, typo
     (["--algorithm.advantage", "gae"], "value head"),
     (["--sync.every", "3", "--rollout.max_staleness", "0"], "max_staleness"),
     (["--task.name", "dataset"], "train_path"),
+    (["--algorithm.overlong_buffer_tokens", "100", "--sampling.max_tokens", "96"], "overlong_buffer_tokens"),
+    (["--algorithm.dynamic_sampling", "true", "--scorer.token", "m:f"], "per-token rewards"),
 ])
 def test_invalid_combinations_are_refused_at_start(overrides, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -22,6 +22,9 @@ CASES = {
     # comparison at the same 1e-5.
     "moe_keep_routing": ({}, {"lr": 1e-4, "keep_routing": True, "micro_batch_tokens": 64,
                                  "pack_row_tokens": 24}, "moe"),
+    # Groups 0 and 2 got equal rewards: their sequences are skipped (zero advantage) before the
+    # ranks split the rest.
+    "grpo_flat_groups": ({}, {"lr": 1e-3, "micro_batch_tokens": 40}, "flat"),
 }
 STEPS = 2
 
@@ -33,8 +36,11 @@ def build(case: str):
         rollouts = with_routing(on_policy(moe_hf_model("qwen3_moe", seed=4), make_rollouts(seed=9, groups=4)),
                                 model.config)
     else:
-        model = tiny_model(seed=4, tie=tie)
-        rollouts = on_policy(tiny_model(seed=4, tie=tie), make_rollouts(seed=9, groups=4))
+        model = tiny_model(seed=4, tie=tie is True)
+        rollouts = on_policy(tiny_model(seed=4, tie=tie is True), make_rollouts(seed=9, groups=4))
+        for r in rollouts:
+            if tie == "flat" and r.group_id in (0, 2):
+                r.reward = 1.0
     return model, TrainerConfig(device="cpu", **trainer), AlgorithmConfig(**algo), rollouts
 
 

@@ -47,6 +47,7 @@ def test_two_fsdp_ranks_match_one_process(two_ranks, case):
                 assert g[key] == pytest.approx(w[key], abs=1e-5, rel=1e-5), key
         assert g["perf/train_tokens"] == w["perf/train_tokens"]  # every token trained once
         assert g["perf/trainer_ranks"] == 2.0
+        assert g["perf/skipped_sequences"] == w["perf/skipped_sequences"] == (8 if case == "grpo_flat_groups" else 0)
     ref = dict(single.named_weights())
     assert set(weights) == set(ref)
     for name, t in ref.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenflow.buffer import RolloutBuffer
+from tokenflow.buffer import DynamicSampling, RolloutBuffer
 from tokenflow.rollout import Rollout
 
 
@@ -85,3 +85,59 @@ def test_state_round_trip_keeps_in_flight_and_ready():
     assert set(other.ready) == {2}
     assert np.array_equal(other.ready[2][0].versions, buf.ready[2][0].versions)
     assert other.capacity() == buf.capacity()
+
+
+def scored(gid: int, rewards: list[float | None]) -> list[Rollout]:
+    """A group of len(rewards) samples; None marks a failed sample."""
+    return [Rollout(prompt_ids=[1], completion_ids=[5], logprobs=[0.0], versions=[0], group_id=gid,
+                    prompt_id=gid, sample_index=i, reward=r, failed=r is None) for i, r in enumerate(rewards)]
+
+
+def test_dynamic_sampling_drops_equal_reward_groups_and_admission_refills_them():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=0, dynamic_sampling=DynamicSampling(10))
+    assert admit_all(buf) == [0, 1]
+    assert buf.put(scored(0, [1.0, 1.0])) is False  # equal rewards: dropped
+    assert buf.put(scored(1, [0.0, 1.0])) is True
+    assert 0 not in buf.in_flight and buf.num_ready == 1
+    assert admit_all(buf, start=2) == [2]  # the dropped group's slot, and only it
+    assert buf.take_batch(0) is None
+    assert buf.put(scored(2, [0.0, None])) is False  # one scored sample: no baseline, advantage 0
+    assert admit_all(buf, start=3) == [3]
+    assert buf.put(scored(3, [None, None])) is True  # every sample failed: kept (the run must see it)
+    batch = buf.take_batch(0)
+    assert [g[0].group_id for g in batch] == [1, 3]
+    assert buf.last_batch_dropped == 2
+    assert buf.metrics()["buffer/groups_dropped"] == 2.0
+    # The step is whole again; the next slots open only with the next weights.
+    assert not buf.can_admit()
+    buf.set_engine_version(1)
+    assert admit_all(buf, start=4) == [4, 5]
+
+
+def test_dynamic_sampling_cap_keeps_flat_groups_and_warns_once(caplog):
+    buf = RolloutBuffer(prompts_per_step=1, group_size=2, max_staleness=0, dynamic_sampling=DynamicSampling(3))
+    gid = 0
+    for _ in range(3):
+        admit_all(buf, start=gid)
+        assert buf.put(scored(gid, [0.0, 0.0])) is False
+        gid += 1
+    admit_all(buf, start=gid)
+    assert buf.put(scored(gid, [0.0, 0.0])) is True  # past the cap: kept
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "dynamic_sampling_max_batches" in caplog.records[0].getMessage()
+    assert buf.take_batch(0)[0][0].group_id == gid and buf.last_batch_dropped == 3
+    assert buf.metrics()["buffer/flat_groups_kept"] == 1.0
+    # The count starts again with the next batch.
+    buf.set_engine_version(1)
+    admit_all(buf, start=10)
+    assert buf.put(scored(10, [1.0, 1.0])) is False
+    assert len(caplog.records) == 1
+
+
+def test_dynamic_sampling_counters_survive_a_checkpoint():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=0, dynamic_sampling=DynamicSampling(5))
+    admit_all(buf)
+    buf.put(scored(0, [1.0, 1.0]))
+    other = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=0, dynamic_sampling=DynamicSampling(5))
+    other.load_state_dict(buf.state_dict())
+    assert other.stats.groups_dropped == 1 and other.capacity() == buf.capacity() == 2

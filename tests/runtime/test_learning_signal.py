@@ -57,6 +57,16 @@ def test_entropy_collapse_relative_to_the_first_step():
     assert "entropy collapsed" in text and "algorithm.clip_high" in text and "trainer.lr" in text
 
 
+def test_steps_that_trained_no_sequence_measured_no_entropy():
+    """Every sequence skipped (all advantages 0): policy/entropy is 0 by default, not a collapse."""
+    w = watch()
+    w.observe(1, HEALTHY)
+    skipped = {**HEALTHY, "reward/zero_signal_group_frac": 0.9, "policy/entropy": 0.0, "perf/sequences": 0.0}
+    assert [w.observe(s, skipped) for s in (2, 3, 4, 5)] == [[], [], [], []]
+    (text,) = [t for s in (6, 7, 8) for t in w.observe(s, {**skipped, "perf/sequences": 3.0})]
+    assert "entropy collapsed" in text
+
+
 def test_zero_turns_the_warnings_off():
     w = watch(**{"metrics.no_signal_warn_steps": 0})
     assert w.observe(1, {**HEALTHY, "reward/failed_frac": 1.0}) == []

@@ -47,7 +47,8 @@ def test_engine_on_merged_weights_matches_the_lora_trainer(tmp_path):
     rollouts = [r for g in groups for r in g]
     for gid, g in enumerate(groups):
         for k, r in enumerate(g):
-            r.group_id, r.reward = gid, float(k)
+            # No sample at its group's mean: a zero-advantage sample would be skipped, unscored.
+            r.group_id, r.reward = gid, float(k == 0)
     m = tr.train_step(rollouts)
     assert m["offpolicy/mismatch_tokens"] == sum(r.num_tokens for r in rollouts)
     assert m["offpolicy/mismatch_abs_logprob"] < 1e-5

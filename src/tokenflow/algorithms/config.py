@@ -124,6 +124,25 @@ class AlgorithmConfig(ConfigModel):
     value_clip: float | None = Field(default=None, gt=0)
     """PPO value clipping: V is kept within ± this of the value before the step. None = off."""
 
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a group whose scored samples all got the same reward (so every
+    group-relative advantage in it is 0) is dropped when it is scored, and admission refills the
+    step with new prompts, so every batch is full of groups that carry signal. Counted per step
+    as ``rollout/dropped_groups``. Meant for group-baseline estimators (grpo, dr_grpo, rloo)."""
+
+    dynamic_sampling_max_batches: int = Field(default=10, ge=1)
+    """Guard for dynamic sampling: at most this many × rollout.prompts_per_step groups are
+    dropped between two consecutive batches; past that, equal-reward groups are kept (with a
+    warning) until the next batch is taken, so a solved or hopeless task cannot stall the run."""
+
+    overlong_buffer_tokens: int | None = Field(default=None, ge=1)
+    """DAPO's soft overlong punishment: the last this-many tokens before sampling.max_tokens
+    (L_cache). A training completion longer than max_tokens − L_cache gets a penalty growing
+    linearly to −overlong_penalty at max_tokens, added to its reward. None turns it off."""
+
+    overlong_penalty: float = Field(default=1.0, gt=0)
+    """The overlong penalty at max_tokens (DAPO uses 1, the size of its ±1 reward)."""
+
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, v: str) -> str:
@@ -197,6 +216,18 @@ class AlgorithmConfig(ConfigModel):
     def value_estimators() -> list[str]:
         """Registered estimators that need a value head (for messages)."""
         return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["needs_values"]]
+
+    @property
+    def zero_advantage_is_inert(self) -> bool:
+        """Whether a sequence whose advantage is 0 on every loss token adds exactly nothing to
+        the loss and its gradient: the policy loss declares it vanishes with the advantage
+        (its registry property ``zero_at_zero_advantage``), and no other term reads the
+        sequence (no KL-to-reference loss, no entropy bonus, no value loss). Aggregation weights
+        depend on the sequence itself and the step's counts only, so the trainer may leave such
+        a sequence out if it keeps it in the counts."""
+        kl_in_loss = self.kl_coef > 0 and not self.kl_in_reward
+        return (bool(POLICY_LOSSES.props(self.policy_loss)["zero_at_zero_advantage"])
+                and not kl_in_loss and self.entropy_coef == 0 and not self.uses_values)
 
     @property
     def needs_prox_pass(self) -> bool:

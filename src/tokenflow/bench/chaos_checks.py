@@ -19,11 +19,13 @@ def prompt_accounting(run_dir: Path) -> dict:
     ledger = read_jsonl(run_dir / "prompts.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
     consumed = [p for row in ledger for p in row["prompt_ids"]]
-    everything = set(consumed) | set(summary.get("in_flight_prompt_ids", []))
+    # Dynamic sampling's dropped prompts were scored and left out: seen once, like the trained.
+    seen = consumed + [p for row in ledger for p in row.get("dropped_prompt_ids", [])]
+    everything = set(seen) | set(summary.get("in_flight_prompt_ids", []))
     steps = Counter(row["step"] for row in ledger)
     return {
         "prompts_consumed": len(consumed),
-        "prompts_repeated": len(consumed) - len(set(consumed)),
+        "prompts_repeated": len(seen) - len(set(seen)),
         "prompts_lost": (max(everything) + 1 - len(everything)) if everything else 0,
         "ledger_steps_missing": sum(1 for s in range(1, summary["steps"] + 1) if s not in steps),
         "ledger_steps_repeated": sum(n - 1 for n in steps.values() if n > 1),

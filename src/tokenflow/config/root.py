@@ -94,6 +94,15 @@ class TrainConfig(ConfigModel):
                 raise ValueError(
                     f'the scorer section adds per-token rewards, but algorithm.advantage = '
                     f'"{self.algorithm.advantage}" uses only the outcome; use one of {", ".join(token_level_estimators())}')
+        alg = self.algorithm
+        if alg.overlong_buffer_tokens is not None and alg.overlong_buffer_tokens > self.sampling.max_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer_tokens ({alg.overlong_buffer_tokens}) exceeds sampling.max_tokens "
+                f"({self.sampling.max_tokens}): the penalty zone must lie within the completion length")
+        if alg.dynamic_sampling and self.scorer.any_token_scorer:
+            raise ValueError(
+                "algorithm.dynamic_sampling drops groups whose outcome rewards are equal, but the scorer "
+                "section adds per-token rewards, which give such groups a signal of their own; turn one off")
         if self.algorithm.aggregation == "dr_grpo_constant" and self.algorithm.max_completion_tokens is None:
             object.__setattr__(self.algorithm, "max_completion_tokens", self.sampling.max_tokens)
         return self

@@ -46,7 +46,8 @@ class SignalWatch:
         if self.flat_steps >= self.patience:
             out.append(self._warn("flat", self._flat(metrics)))
         entropy = metrics.get("policy/entropy")
-        if entropy is not None:
+        # A step that trained no sequence (all skipped: every advantage was 0) measured no entropy.
+        if entropy is not None and metrics.get("perf/sequences", 1.0) > 0:
             if self.first_entropy is None:
                 self.first_entropy = entropy
             low = self.first_entropy > 0 and entropy < ENTROPY_COLLAPSE_RATIO * self.first_entropy

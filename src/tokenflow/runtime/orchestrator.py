@@ -18,10 +18,11 @@ inbox and checks on each turn that all workers are alive, so a failure surfaces 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 
-from tokenflow.buffer import RolloutBuffer
+from tokenflow.buffer import DynamicSampling, RolloutBuffer
 from tokenflow.evaluation import encode_prompt
 from tokenflow.metrics import trace
 from tokenflow.metrics.run_trace import run_tracer
@@ -35,6 +36,7 @@ from tokenflow.runtime.run_dir import RunDir
 from tokenflow.runtime.step_metrics import (
     EngineTotals, IdleClock, LiveFigures, batch_metrics, engine_metrics, sync_metrics,
 )
+from tokenflow.scoring.shaping import shape_overlong
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,10 @@ class Orchestrator:
         self.train_params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                            max_tokens=s.max_tokens, stop=tuple(s.stop), n=r.group_size)
         self.eval_params = SamplingParams(temperature=0.0, max_tokens=s.max_tokens, stop=tuple(s.stop))
-        self.buffer = RolloutBuffer(r.prompts_per_step, r.group_size, r.max_staleness,
-                                    cfg.algorithm.max_token_age)
+        alg = cfg.algorithm
+        dynamic = DynamicSampling(alg.dynamic_sampling_max_batches * r.prompts_per_step) if alg.dynamic_sampling else None
+        self.buffer = RolloutBuffer(r.prompts_per_step, r.group_size, r.max_staleness, alg.max_token_age, dynamic)
+        self.dropped_prompt_ids: list[int] = []  # dropped by dynamic sampling since the last batch
         self.blocking = cfg.engine.update_mode == "blocking"
         self.step = 0
         self.cursor = 0
@@ -71,7 +75,7 @@ class Orchestrator:
         self.trainer_busy = True  # until TrainerReady
         self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
         self.sync_broken: tuple[float, M.SyncBroken] | None = None  # a failed push awaiting a re-formed group
-        self.pending_batch: tuple[list[int], dict] | None = None
+        self.pending_batch: tuple[list[int], list[int], dict] | None = None  # prompt ids, dropped ids, metrics
         self.engine_versions = {h.name: 0 for h in backend.engines}
         self.engine_totals = EngineTotals()
         self.idle = IdleClock()
@@ -98,6 +102,7 @@ class Orchestrator:
         self.wall_offset = state["wall_s"]
         self.elapsed_offset = state.get("elapsed_s", state["wall_s"])
         self.tokens_offset = state.get("tokens_generated", 0)
+        self.dropped_prompt_ids = list(state.get("dropped_prompt_ids", []))
         self.buffer.load_state_dict(buffer_state)
         self.engine_versions = {k: self.step for k in self.engine_versions}
         # The engines start with the checkpoint's weights. The saved buffer may predate their
@@ -111,7 +116,8 @@ class Orchestrator:
         return {"step": self.step, "cursor": self.cursor, "next_group_id": self.next_group_id,
                 "baseline_accuracy": self.baseline_accuracy, "wall_s": self.wall_s(),
                 "elapsed_s": self.elapsed_offset + time.monotonic() - self.t_start,
-                "tokens_generated": self.tokens_offset + self.engine_totals.total("tokens")}
+                "tokens_generated": self.tokens_offset + self.engine_totals.total("tokens"),
+                "dropped_prompt_ids": list(self.dropped_prompt_ids)}
 
     def wall_s(self) -> float:
         return self.wall_offset + (time.monotonic() - self.t_train0 if self.t_train0 is not None else 0.0)
@@ -239,7 +245,12 @@ class Orchestrator:
             if gid in self.eval_scored:
                 self.eval_scored[gid] = group
                 continue
-            self.buffer.put(group)
+            alg = self.cfg.algorithm
+            if alg.overlong_buffer_tokens is not None:
+                shape_overlong(group, self.cfg.sampling.max_tokens, alg.overlong_buffer_tokens, alg.overlong_penalty)
+            if not self.buffer.put(group):  # dynamic sampling dropped it; admission refills its slot
+                self.prompts.pop(gid, None)
+                self.dropped_prompt_ids.append(group[0].prompt_id)
 
     # ---- training --------------------------------------------------------------------------
     def maybe_dispatch(self) -> None:
@@ -265,7 +276,9 @@ class Orchestrator:
         prompt_ids = [g[0].prompt_id for g in batch]
         for g in batch:
             self.prompts.pop(g[0].group_id, None)
-        self.pending_batch = (prompt_ids, batch_metrics(batch))
+        dropped, self.dropped_prompt_ids = self.dropped_prompt_ids, []
+        self.pending_batch = (prompt_ids, dropped, batch_metrics(
+            batch, dropped_groups=len(dropped) if self.buffer.dynamic_sampling is not None else None))
         if self.cfg.run.save_rollouts:
             self.run_dir.append_rollouts(step, rollouts)
         if self.blocking:
@@ -287,7 +300,7 @@ class Orchestrator:
         self.trainer_busy = False
         self.idle.trainer_busy_s += msg.train_s + msg.sync_s
         self.calibration.trainer_step(msg)
-        prompt_ids, bmetrics = self.pending_batch
+        prompt_ids, dropped, bmetrics = self.pending_batch
         self.pending_batch = None
         timings, self.sync_timings = self.sync_timings, []
         self.calibration.sync(timings)
@@ -308,7 +321,10 @@ class Orchestrator:
             self._maybe_unpause()  # the engines may have loaded this step's push before we read it
         self.logger.log(self.step, metrics)
         self.signal.observe(self.step, metrics)
-        self.ledger.write(f'{{"step": {self.step}, "prompt_ids": {prompt_ids}}}\n')
+        entry = {"step": self.step, "prompt_ids": prompt_ids}
+        if self.buffer.dynamic_sampling is not None:
+            entry["dropped_prompt_ids"] = dropped  # scored, equal rewards, not trained
+        self.ledger.write(json.dumps(entry) + "\n")
         self.ledger.flush()
         self.last_progress = {"reward": metrics.get("reward/mean"),
                               "age_mean": metrics.get("offpolicy/token_age_mean", 0.0),

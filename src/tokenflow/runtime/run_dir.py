@@ -3,7 +3,7 @@
     runs/<name>/
       config.toml          resolved config
       metrics.jsonl        one line per optimizer step (and eval rows)
-      prompts.jsonl        the prompt ids each step consumed (exact accounting across resume)
+      prompts.jsonl        the prompt ids each step consumed, and dynamic sampling's dropped ones (exact accounting across resume)
       rollouts.jsonl       every consumed rollout, with run.save_rollouts = true
       workers.json         name → pid of each worker process of the current invocation
       summary.json         baseline/final accuracy, wall time, steps, idle fractions

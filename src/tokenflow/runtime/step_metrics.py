@@ -10,7 +10,9 @@ import numpy as np
 from tokenflow.rollout import Rollout
 
 
-def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
+def batch_metrics(batch: list[list[Rollout]], dropped_groups: int | None = None) -> dict[str, float]:
+    """Rewards and shapes of one step's groups; ``dropped_groups``: how many groups dynamic
+    sampling dropped while the batch filled (None: dynamic sampling is off)."""
     rollouts = [r for g in batch for r in g]
     scored = [r for r in rollouts if not r.failed]
     lens = np.array([r.num_tokens for r in rollouts], dtype=np.float64)
@@ -24,6 +26,11 @@ def batch_metrics(batch: list[list[Rollout]]) -> dict[str, float]:
         "reward/failed_frac": (len(rollouts) - len(scored)) / max(1, len(rollouts)),
     }
     m.update(episode_metrics(rollouts))
+    if dropped_groups is not None:
+        m["rollout/dropped_groups"] = float(dropped_groups)
+        m["rollout/dropped_group_frac"] = dropped_groups / max(1, dropped_groups + len(batch))
+    if any("overlong_penalty" in r.rewards for r in scored):
+        m["rollout/overlong_frac"] = float(np.mean([r.rewards.get("overlong_penalty", 0.0) < 0 for r in scored]))
     if scored:
         rewards = np.array([r.reward for r in scored], dtype=np.float64)
         m.update({"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),

@@ -56,14 +56,25 @@ def build_config(vocab_size: int, args):
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.heads, max_position_embeddings=256,
+        num_key_value_heads=args.heads, max_position_embeddings=getattr(args, "max_positions", 256),
         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
 
 
-def sft_batch(task, tokenizer, rng: np.random.Generator, batch: int, slip: float):
-    """Token ids and labels (prompt positions masked) for one batch of noisy worked solutions."""
+def filler_length(rng: np.random.Generator, share: float, median: float, cap: int) -> int:
+    """Spaces before the worked solution: none with probability 1 − ``share``, otherwise a
+    lognormal length (this median, σ = 0.8) of at most ``cap``. Greedy decoding, which takes the
+    likelier branch, writes none when ``share`` < 0.5; sampling writes a long tail of them."""
+    if share <= 0 or rng.random() >= share:
+        return 0
+    return int(min(cap, max(1, round(rng.lognormal(np.log(median), 0.8)))))
+
+
+def sft_batch(task, tokenizer, rng: np.random.Generator, batch: int, slip: float,
+              filler: tuple[float, float, int] = (0.0, 1.0, 0)):
+    """Token ids and labels (prompt positions masked) for one batch of noisy worked solutions,
+    each after ``filler_length(rng, *filler)`` spaces."""
     import torch
 
     from tokenflow.tasks.arithmetic import worked_solution
@@ -74,7 +85,8 @@ def sft_batch(task, tokenizer, rng: np.random.Generator, batch: int, slip: float
         a, b = p.example["a"], p.example["b"]
         drop = rng.random(8) < slip
         prompt = [tokenizer.bos_token_id] + tokenizer.encode(p.text, add_special_tokens=False)
-        completion = tokenizer.encode(worked_solution(a, b, drop), add_special_tokens=False)
+        text = " " * filler_length(rng, *filler) + worked_solution(a, b, drop)
+        completion = tokenizer.encode(text, add_special_tokens=False)
         completion.append(tokenizer.eos_token_id)
         rows.append(prompt + completion)
         labels.append([-100] * len(prompt) + completion)
@@ -90,15 +102,24 @@ def sft_batch(task, tokenizer, rng: np.random.Generator, batch: int, slip: float
 # A student for on-policy distillation from the default model (docs/scorers.md): smaller (a
 # quarter of the width, half the depth) and briefly warm-started, so it writes the format but
 # not yet fluently. ``--preset`` sets these defaults; explicit flags still override them.
+# A policy for generation-heavy benchmarks (benchmarks/trl): the bench engine model's width and
+# depth, and completions whose lengths have a long tail, as in reasoning RL: 40% of sampled
+# completions start with a run of spaces of lognormal length (median 40, up to 200) that carries
+# no information, so a few samples of each step run far longer than the rest. Greedy decoding
+# skips the run, so held-out accuracy is measured on the arithmetic as usual. Carries are
+# forgotten less often than in the default model (slip 0.3): after 400 steps greedy accuracy is
+# about 0.41 (0.19 with slip 0.6, when most groups of 8 samples were all wrong).
 PRESETS = {
     "distill-student": {"hidden": 64, "layers": 2, "heads": 4, "steps": 150, "eval_every": 150},
+    "long-tail": {"hidden": 256, "layers": 4, "heads": 8, "steps": 400, "eval_every": 400, "slip": 0.3,
+                  "filler_share": 0.4, "filler_median": 40.0, "filler_cap": 200, "max_positions": 512},
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                    help="defaults for a distillation student (see PRESETS)")
+                    help="defaults for a distillation student or a long-tailed-length policy (see PRESETS)")
     ap.add_argument("--out", type=Path, default=Path("src/tokenflow/assets/default_model"))
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=64)
@@ -110,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--filler-share", type=float, default=0.0,
+                    help="share of completions that start with a run of spaces (long-tailed lengths)")
+    ap.add_argument("--filler-median", type=float, default=40.0, help="median length of that run")
+    ap.add_argument("--filler-cap", type=int, default=200, help="longest run")
+    ap.add_argument("--max-positions", type=int, default=256, help="the model's context length")
     pre = ap.parse_known_args(argv)[0].preset
     if pre:
         ap.set_defaults(**PRESETS[pre])
@@ -140,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     history = []
     for step in range(1, args.steps + 1):
-        ids, lab = sft_batch(sft_task, tokenizer, rng, args.batch, args.slip)
+        ids, lab = sft_batch(sft_task, tokenizer, rng, args.batch, args.slip,
+                             (args.filler_share, args.filler_median, args.filler_cap))
         loss = model(input_ids=ids, labels=lab, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -157,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     save_warm_started(model, tokenizer, args.out, history, t0, {
         "task": "arithmetic", "preset": args.preset, "hidden": args.hidden, "layers": args.layers,
         "slip": args.slip, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "filler_share": args.filler_share, "filler_median": args.filler_median, "filler_cap": args.filler_cap,
         "parameters": n_params})
     return 0
 

@@ -59,6 +59,15 @@ class TrainerConfig(ConfigModel):
     log-softmax doubles it). A micro-batch with fewer targets runs as one piece, unchanged.
     Sharded (FSDP) trainers and models that post-process logits run unchunked."""
 
+    skip_zero_advantage: bool = True
+    """Leave out of the forward and backward passes every sequence whose advantage is 0 on all
+    its loss tokens (a GRPO group whose samples got equal rewards), when nothing else in the loss
+    needs it: no KL-to-reference loss, no entropy bonus, no value head, and a policy loss that
+    vanishes with the advantage (``AlgorithmConfig.zero_advantage_is_inert``). The gradient is
+    unchanged (the normaliser still counts those sequences); token-averaged diagnostics
+    (``policy/entropy``, ``policy/approx_kl``, ``offpolicy/*``) then cover the trained sequences
+    only. ``perf/skipped_sequences`` and ``perf/skipped_tokens`` count what was left out."""
+
     pack_sequences: bool = True
     """Pack several sequences per forward row (position ids restart per sequence). Turn off for
     models whose attention does not honour packed position ids: one sequence per row then."""

@@ -129,20 +129,30 @@ class Trainer:
         alg = self.algorithm
         live = [r for r in rollouts if not r.failed]
         seqs = self._sequences(live)
-        prox, old_values = self._no_grad_pass(seqs, len(live))
+        # GAE needs V_old before the advantages; otherwise π_prox is needed only for the
+        # sequences that are trained, which are known once the advantages are.
+        values_first = self.value_head is not None
+        prox, old_values = self._no_grad_pass(seqs, len(live)) if values_first else (None, None)
         kl_rewards, kl_metrics = self._kl_rewards(live, seqs)
         adv = compute_advantages(live, alg, old_values, kl_rewards)
         train = [s for s in seqs if s.num_loss_tokens > 0]
+        # The normaliser counts every sequence with loss tokens, skipped or not: that keeps each
+        # trained token's weight, hence the gradient, what it would be without the skip.
         counts = global_counts or GlobalCounts(sum(s.num_loss_tokens for s in train), len(train))
+        train, skipped = self._skip_inert(train, adv)
+        if not values_first:
+            prox, _ = self._no_grad_pass(train, len(live))
         acc = Accumulator()
         batches = self._micro_batches(train)
         for mb in batches:
             self._accumulate(mb, adv, prox, old_values, counts, acc)
-        if not batches:
+        if skipped and not batches:
+            self._zero_grads()  # as the full batch would have: a zero gradient, and AdamW still steps
+        elif not batches:
             log.warning("train_step: no loss tokens among %d rollouts (%d failed); no update",
                         len(rollouts), len(rollouts) - len(live))
-        grad_norm, lr, skipped = self._optimizer_step()
-        metrics = step_metrics(acc, grad_norm=grad_norm, lr=lr, skipped=skipped)
+        grad_norm, lr, opt_skipped = self._optimizer_step()
+        metrics = step_metrics(acc, grad_norm=grad_norm, lr=lr, skipped=opt_skipped)
         metrics.update(age_stats(seqs, self.version))
         metrics.update(kl_metrics)
         self.version += 1
@@ -151,10 +161,31 @@ class Trainer:
         metrics.update({
             "perf/train_tokens": float(tokens), "perf/loss_tokens": float(counts.num_tokens),
             "perf/sequences": float(len(train)), "perf/failed_rollouts": float(len(rollouts) - len(live)),
+            "perf/skipped_sequences": float(len(skipped)),
+            "perf/skipped_tokens": float(sum(len(s.input_ids) for s in skipped)),
             "perf/micro_batches": float(len(batches)), "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
             "time/train_s": elapsed,
         })
         return metrics
+
+    def _skip_inert(self, train: list[TrainSequence], adv: AdvantageResult):
+        """(sequences to train, sequences skipped). A sequence whose advantage is 0 on every
+        token that counts in the loss contributes exactly 0 to the loss and its gradient when
+        the objective says so (``AlgorithmConfig.zero_advantage_is_inert``: no KL, entropy or
+        value term, and a policy loss that vanishes with the advantage); forwarding it would
+        only cost time. ``trainer.skip_zero_advantage = false`` trains on it anyway."""
+        if not (self.config.skip_zero_advantage and self.algorithm.zero_advantage_is_inert):
+            return train, []
+        kept, skipped = [], []
+        for s in train:
+            (kept if adv.advantages[s.index][s.keep].any() else skipped).append(s)
+        return kept, skipped
+
+    def _zero_grads(self) -> None:
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
         c = self.config

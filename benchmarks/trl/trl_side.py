@@ -1,0 +1,125 @@
+"""The TRL side of benchmarks/trl: one GRPOTrainer run, in TRL's own environment.
+
+Run by ``run.py`` with the TRL environment's interpreter and ``PYTHONPATH=<repo>/src`` (only
+``tokenflow.tasks.arithmetic`` is imported from tokenflow: the prompt stream and the reward, so
+both sides train on the same prompts, in the same order, with the same reward). Writes into
+``--out``: ``model/`` (the trained policy with its tokenizer), ``checkpoints/step_N/`` at the
+requested steps, and ``result.json`` (wall times, per-step times, completion tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--prompts-per-step", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task-seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-steps", default="", help="comma-separated steps to save a checkpoint at")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    t_process = time.perf_counter()
+    args = parse(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import datasets
+    import transformers
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tokenflow.tasks.arithmetic import ArithmeticTask, arithmetic_reward
+
+    task = ArithmeticTask(seed=args.task_seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    bos = tokenizer.bos_token or ""
+    rows = []
+    for i in range(args.steps * args.prompts_per_step):
+        p = task.train_prompt(i)
+        # TRL tokenizes text prompts without adding BOS; tokenflow's engine gets BOS + text.
+        rows.append({"prompt": bos + p.text, "answer": p.example["answer"]})
+    dataset = datasets.Dataset.from_list(rows)
+    counted = {"completion_tokens": 0, "samples": 0}
+    step_prompts: list[list[str]] = []  # each batch's prompts, in order, without BOS
+
+    def reward(prompts, completions, answer, completion_ids=None, **_):
+        step_prompts.append([p[len(bos):] for p in dict.fromkeys(prompts)])
+        counted["samples"] += len(completions)
+        counted["completion_tokens"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0
+        return [arithmetic_reward(p, c, {"answer": a}) for p, c, a in zip(prompts, completions, answer)]
+
+    save_at = {int(s) for s in args.save_steps.split(",") if s}
+    marks: list[dict] = []
+
+    class Clock(TrainerCallback):
+        """Per-step wall times from the start of training, and checkpoints at the asked steps."""
+
+        def on_train_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, _args, state, control, model=None, **__):
+            mark = {"step": state.global_step, "wall_s": time.perf_counter() - self.t0}
+            if state.global_step in save_at:
+                path = args.out / "checkpoints" / f"step_{state.global_step:06d}"
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                mark["checkpoint"] = str(path)
+            marks.append(mark)
+
+    config = GRPOConfig(
+        output_dir=str(args.out / "trainer"), seed=args.seed, data_seed=args.seed, use_cpu=True,
+        max_steps=args.steps, per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        gradient_accumulation_steps=1, num_generations=args.group_size, shuffle_dataset=False,
+        max_completion_length=args.max_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
+        learning_rate=args.lr, lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio}, warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.grad_clip,
+        beta=0.0, num_iterations=1, epsilon=args.clip, loss_type="dapo", scale_rewards="group",
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, bf16=False, fp16=False,
+        # tokenflow trains without activation checkpointing; TRL turns it on by default, which on
+        # a model this small only costs time.
+        gradient_checkpointing=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    t0 = time.perf_counter()
+    trainer.train()
+    train_wall = time.perf_counter() - t0
+    trainer.model.save_pretrained(args.out / "model")
+    tokenizer.save_pretrained(args.out / "model")
+    result = {
+        "side": "trl", "steps": args.steps, "train_wall_s": train_wall,
+        "process_wall_s": time.perf_counter() - t_process,
+        "completion_tokens": counted["completion_tokens"], "samples": counted["samples"],
+        "marks": marks, "step_prompts": step_prompts, "threads": args.threads, "load_average": list(os.getloadavg()),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+        "log_history": trainer.state.log_history,
+    }
+    (args.out / "result.json").write_text(json.dumps(result, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

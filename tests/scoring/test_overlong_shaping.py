@@ -1,0 +1,39 @@
+"""DAPO's soft overlong punishment: the formula at its edges, and where it lands on a group."""
+
+import pytest
+
+from tokenflow.rollout import Rollout
+from tokenflow.runtime.step_metrics import batch_metrics
+from tokenflow.scoring.shaping import overlong_penalty, shape_overlong
+
+
+@pytest.mark.parametrize("length, expected", [
+    (1, 0.0), (80, 0.0),        # up to L_max − L_cache = 96 − 16: no penalty
+    (81, -0.5 / 16), (88, -0.5 * 8 / 16), (95, -0.5 * 15 / 16),
+    (96, -0.5),                 # at the limit: the whole factor
+])
+def test_penalty_grows_linearly_over_the_last_buffer_tokens(length, expected):
+    assert overlong_penalty(length, max_tokens=96, buffer_tokens=16, factor=0.5) == pytest.approx(expected)
+
+
+def test_a_buffer_as_long_as_the_limit_penalises_from_the_first_token():
+    assert overlong_penalty(0, 10, 10, 1.0) == 0.0
+    assert overlong_penalty(5, 10, 10, 1.0) == pytest.approx(-0.5)
+
+
+def rollout(n: int, reward: float | None, **kw) -> Rollout:
+    return Rollout(prompt_ids=[1], completion_ids=[3] * n, logprobs=[0.0] * n, versions=[0] * n,
+                   reward=reward, rewards={} if reward is None else {"reward": reward, "format": 1.0},
+                   failed=reward is None, **kw)
+
+
+def test_shaping_adds_to_the_reward_keeps_components_and_skips_failed_samples():
+    group = [rollout(10, 1.0, sample_index=0), rollout(24, 1.0, sample_index=1), rollout(32, None, sample_index=2)]
+    shape_overlong(group, max_tokens=32, buffer_tokens=16, factor=1.0)
+    assert [r.reward for r in group] == [1.0, pytest.approx(0.5), None]
+    assert group[1].rewards == {"reward": pytest.approx(0.5), "format": 1.0, "overlong_penalty": pytest.approx(-0.5)}
+    assert "overlong_penalty" not in group[2].rewards
+    m = batch_metrics([group])
+    assert m["reward/overlong_penalty_mean"] == pytest.approx(-0.25)  # over the two scored samples
+    assert m["rollout/overlong_frac"] == pytest.approx(0.5)
+    assert m["reward/mean"] == pytest.approx(0.75)
