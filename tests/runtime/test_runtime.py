@@ -158,7 +158,8 @@ def test_two_engines_over_a_striped_broadcast(tmp_path):
     so every token was made by the weights the trainer holds: both engines must agree with it."""
     run = tmp_path / "run"
     cfg = small_config("--runtime.num_engines", "2", "--sync.transport", "broadcast", "--sync.bucket_mb", "2.5",
-                       "--sync.checksum", "true", "--rollout.max_staleness", "0", "--run.checkpoint_every", "0")
+                       "--sync.checksum", "true", "--rollout.max_staleness", "0", "--run.checkpoint_every", "0",
+                       "--trainer.skip_zero_advantage", "false")  # every step then has tokens to compare
     summary = train(cfg, run)
     assert summary["steps"] == 4
     rows = step_rows(run)
