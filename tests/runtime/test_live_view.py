@@ -97,7 +97,9 @@ def test_live_view_on_an_80_column_terminal(tmp_path):
             assert rate, f"no tokens/s at step {step}: {figures!r}"
             rates.append(float(rate.group(1)) * (1000 if rate.group(2) else 1))
             seen_steps.add(step)
-    assert seen_steps >= {1, 2, 4, 5}, seen_steps  # the view was seen between evaluations
+    # The view was seen between evaluations (which step a refresh catches depends on how fast
+    # steps go: with the zero-advantage skip a step can end between two refreshes).
+    assert seen_steps & {1, 2} and seen_steps & {4, 5}, seen_steps
     assert rates and min(rates) > 0, rates
     assert accs[0] == 0 and accs[-1] == 6 and 3 in accs
 
