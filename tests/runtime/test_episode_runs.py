@@ -62,7 +62,7 @@ def test_an_environment_that_raises_fails_samples_not_the_run(tmp_path):
 
 def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):
     run = tmp_path / "run"
-    args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", "8",
+    args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", "16",
             "--run.checkpoint_every", "2", "--rollout.max_staleness", "2"]
     proc = start_cli(args, tmp_path / "first.log")
     try:
@@ -71,13 +71,13 @@ def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert len(step_rows(run)) < 8, "the run finished before it could be killed"
+    assert len(step_rows(run)) < 16, "the run finished before it could be killed"
     proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 8
-    assert [r["step"] for r in step_rows(run)] == list(range(1, 9))
+    assert summary["steps"] == 16
+    assert [r["step"] for r in step_rows(run)] == list(range(1, 17))
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
-    assert len(consumed) == len(set(consumed)) == 8 * 4
+    assert len(consumed) == len(set(consumed)) == 16 * 4
     everything = sorted(consumed + summary["in_flight_prompt_ids"])
     assert everything == list(range(len(everything)))

@@ -13,7 +13,7 @@ from tokenflow.runtime.launch import train
 
 def test_sigkill_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):
     run = tmp_path / "run"
-    args = [*SMALL, "--output-dir", str(run), "--run.steps", "8", "--run.checkpoint_every", "2",
+    args = [*SMALL, "--output-dir", str(run), "--run.steps", "16", "--run.checkpoint_every", "2",
             "--rollout.max_staleness", "2"]
     proc = start_cli(args, tmp_path / "first.log")
     try:
@@ -23,15 +23,15 @@ def test_sigkill_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator and every worker, no goodbyes
         proc.wait()
     steps_before = len(step_rows(run))
-    assert steps_before < 8, "the run finished before it could be killed"
+    assert steps_before < 16, "the run finished before it could be killed"
     proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 8
-    assert [r["step"] for r in step_rows(run)] == list(range(1, 9))  # each step logged once
+    assert summary["steps"] == 16
+    assert [r["step"] for r in step_rows(run)] == list(range(1, 17))  # each step logged once
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
-    assert [line["step"] for line in ledger(run)] == list(range(1, 9))
-    assert len(consumed) == len(set(consumed)) == 8 * 4  # nothing repeated
+    assert [line["step"] for line in ledger(run)] == list(range(1, 17))
+    assert len(consumed) == len(set(consumed)) == 16 * 4  # nothing repeated
     everything = sorted(consumed + summary["in_flight_prompt_ids"])
     assert everything == list(range(len(everything)))  # nothing lost
 
