@@ -55,6 +55,9 @@ class EpisodeConfig(ConfigModel):
     step_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one environment ``reset`` or ``step``; past it the sample fails and the run
     goes on."""
+    agent_timeout_s: float = Field(default=120.0, gt=0)
+    """Agent tasks (``task.agent``): deadline of one agent call, from start to return; past it
+    the sample fails, its session closes and the run goes on."""
 
 
 class TaskConfig(ConfigModel):
@@ -81,6 +84,11 @@ class TaskConfig(ConfigModel):
     """Environment class for multi-turn episodes and tool use, as "module:Class" or
     "path/to/file.py:Class" (docs/environments.md). Needs name = "env" (examples from the class)
     or name = "dataset" (examples are the rows of train_path)."""
+    agent: str | None = None
+    """Agent function, "module:function" or "path/to/file.py:function", called once per sample
+    with a base URL and the example; it talks to the policy through that OpenAI-compatible URL
+    (a training session) and every call is trained on (docs/serve.md, "Training agents"). Needs
+    ``env``: its examples and rubric (its reset and step are not used)."""
     chat_template: bool = False
     """Wrap each prompt in the tokenizer's chat template as a user message."""
     system_prompt: str | None = None
@@ -101,6 +109,11 @@ class TaskConfig(ConfigModel):
     def _task_accepts_settings(self) -> "TaskConfig":
         from tokenflow.registry import TASKS
 
+        if self.agent and not self.env:
+            raise ValueError('task.agent is set without task.env: an agent task takes its examples and its rubric '
+                             'from an Environment class (e.g. task.env = "tokenflow.envs.calculator:CalculatorEnv")')
+        if self.agent and ":" not in self.agent:
+            raise ValueError(f"task.agent = {self.agent!r} must be 'module:function' or 'path/to/file.py:function'")
         if self.env and self.name not in ("env", "dataset"):
             raise ValueError(f'task.env is set but task.name = "{self.name}"; use task.name = "env" (examples '
                              'from the environment class) or "dataset" (examples from task.train_path)')

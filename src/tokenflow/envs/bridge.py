@@ -62,16 +62,17 @@ class PrefixCheck:
 class ChatBridge:
     """Token ids of a conversation in ``tokenizer``'s chat template, with ``tools`` offered."""
 
-    def __init__(self, tokenizer, tools: Sequence[Callable] | None = None, *,
+    def __init__(self, tokenizer, tools: Sequence[Callable] | None = None, *, schemas: list[dict] | None = None,
                  chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None) -> None:
-        """``chat_template`` overrides the tokenizer's; ``template_kwargs`` reach the template
-        (e.g. ``{"enable_thinking": False}``)."""
+        """``schemas`` offers tools by their JSON schemas instead (a server rendering a request's
+        ``tools``); ``chat_template`` overrides the tokenizer's; ``template_kwargs`` reach the
+        template (e.g. ``{"enable_thinking": False}``)."""
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise BridgeError("the tokenizer has no chat template; multi-turn rollouts render conversations "
                               "through it (set tokenizer.chat_template or pass chat_template=)")
         self.tokenizer = tokenizer
         self.tools = list(tools or [])
-        self.schemas: list[dict] | None = tool_schemas(self.tools) if self.tools else None
+        self.schemas: list[dict] | None = tool_schemas(self.tools) if self.tools else (list(schemas) if schemas else None)
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.turn_end_ids: tuple[int, ...] = self._find_turn_ends()

@@ -65,6 +65,7 @@ class EngineWorker:
         self.running = True
         self.parent = ParentWatch()
         self.episodes = None  # an EpisodeDriver, made on the first environment request
+        self.agents = None  # an AgentDriver (training sessions), made on the first agent request
 
     # ---- commands ------------------------------------------------------------------------
     def handle(self, msg) -> None:
@@ -74,7 +75,13 @@ class EngineWorker:
             rid = f"{msg.kind}-{msg.group_id}"
             if rid in self.groups:  # re-sent after a restart, and also delivered from before it
                 return
-            if msg.episode is not None:
+            if msg.episode is not None and getattr(msg.episode, "agent", None):
+                if self.agents is None:
+                    from tokenflow.runtime.agents import AgentDriver
+
+                    self.agents = AgentDriver(self.engine)
+                self.agents.start(rid, msg.episode, msg.params, msg.group_id, msg.prompt_id)
+            elif msg.episode is not None:
                 if self.episodes is None:
                     from tokenflow.runtime.episodes import EpisodeDriver
 
@@ -112,6 +119,8 @@ class EngineWorker:
                 if g.msg.kind == msg.kind:
                     if self.episodes is not None and self.episodes.owns(rid):
                         self.episodes.abort(rid)
+                    elif self.agents is not None and self.agents.owns(rid):
+                        self.agents.abort(rid)
                     else:
                         self.engine.abort(rid)
                     del self.groups[rid]
@@ -193,6 +202,8 @@ class EngineWorker:
         steps_before, prefill_tokens_before = st.decode_steps + st.prefill_steps, st.prefill_tokens
         t0 = time.perf_counter()
         finished = self.engine.step()
+        if self.agents is not None:  # session calls' results go to their HTTP handlers
+            finished = self.agents.dispatch(finished)
         self.busy_s += time.perf_counter() - t0
         if st.decode_steps + st.prefill_steps > steps_before:  # a forward pass ran
             if st.last_step_kind == "decode":
@@ -207,10 +218,14 @@ class EngineWorker:
 
     def poll_episodes(self) -> None:
         """Environment results that landed: continue episodes, and send the groups whose
-        episodes have all ended (a group of a multi-row episode holds more than n rows)."""
-        if self.episodes is None:
-            return
-        for rid, rows in self.episodes.poll():
+        episodes (or agents) have all ended (a group of a multi-row episode holds more than n
+        rows)."""
+        finished = []
+        if self.episodes is not None:
+            finished += self.episodes.poll()
+        if self.agents is not None:
+            finished += self.agents.poll()
+        for rid, rows in finished:
             group = self.groups.pop(rid, None)
             if group is not None:
                 self.out_q.put(Envelope(self.name, Generated(group.msg.group_id, group.msg.kind, rows)))
@@ -255,10 +270,13 @@ class EngineWorker:
 
     def loop(self) -> None:
         while self.running:
-            waiting_on_env = self.episodes is not None and self.episodes.waiting_on_env
+            waiting_on_env = ((self.episodes is not None and self.episodes.waiting_on_env)
+                              or (self.agents is not None and self.agents.active))
             self.read_commands(block=not self.can_step() and self.loading is None and not self.receiving,
                                timeout=0.002 if waiting_on_env else 0.05)
             self.poll_episodes()
+            if self.agents is not None:
+                self.agents.pump()  # calls agents made since the last step join the batch
             if self.receiver is not None:
                 self.maybe_load_weights()
             if self.can_step():
@@ -273,6 +291,8 @@ class EngineWorker:
         self.send_status(force=True)
         if self.episodes is not None:
             self.episodes.close()
+        if self.agents is not None:
+            self.agents.close()
         if self.receiver is not None:
             self.receiver.close()
         self.engine.close()

@@ -57,6 +57,11 @@ class EpisodeSpec:
     """Completion tokens per episode, generated and environment tokens together."""
     step_timeout_s: float = 10.0
     """Deadline of one ``reset`` or ``step`` call."""
+    agent: str | None = None
+    """An agent task's function, ``module:function``: the sample is played by it, through a
+    training session (`tokenflow.runtime.agents`), not by the environment's reset and step."""
+    agent_timeout_s: float = 120.0
+    """Deadline of one agent call, from its start to its return."""
 
 
 @dataclass

@@ -108,7 +108,10 @@ def prepare(cfg, model: str):
     tokenizer = preflight.load_tokenizer(model)
     task = build_task(cfg.task)
     if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
-        preflight.check_environment(task, tokenizer)
+        if getattr(cfg.task, "agent", None):  # agent samples: played by the agent function
+            preflight.check_agent(cfg.task.agent, tokenizer)
+        else:
+            preflight.check_environment(task, tokenizer)
         return task, tokenizer
     preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))

@@ -141,7 +141,8 @@ class Orchestrator:
         from tokenflow.runtime.episodes import EpisodeSpec
 
         e = self.cfg.episode
-        return EpisodeSpec(self.cfg.task.env, prompt.example, e.max_turns, e.max_total_tokens, e.step_timeout_s)
+        return EpisodeSpec(self.cfg.task.env, prompt.example, e.max_turns, e.max_total_tokens, e.step_timeout_s,
+                           agent=self.cfg.task.agent, agent_timeout_s=e.agent_timeout_s)
 
     def encode(self, text: str) -> list[int]:
         t = self.cfg.task

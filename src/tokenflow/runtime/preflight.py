@@ -120,6 +120,28 @@ def check_environment(task, tokenizer) -> None:
         env.close()
 
 
+def check_agent(spec: str, tokenizer) -> None:
+    """An agent task, before any process starts: the agent function loads and takes
+    (base_url, example), and the model has a chat template (said whether it preserves
+    prefixes: if not, every session call becomes its own training row)."""
+    from tokenflow.envs import BridgeError, ChatBridge
+    from tokenflow.runtime.agents import load_agent
+
+    try:
+        load_agent(spec)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    try:
+        check = ChatBridge(tokenizer).prefix_check()
+    except BridgeError as e:
+        raise InputError(f"task.agent {spec}: the model's chat template cannot serve chat calls ({e})") from None
+    if check.ok:
+        log.info("chat template: %s", check.reason)
+    else:
+        log.warning("the chat template does not preserve prefixes: %s. Every session call becomes its own "
+                    "training row", check.reason)
+
+
 def check_prompts_encode(task, encode) -> None:
     """Every character of the prompts must be encodable; name the ones that are not, and a row."""
     rows = getattr(task, "rows", None)

@@ -11,7 +11,9 @@
     cancel(request) ─── commands ─────────────► engine.abort(request_id)
 
 Requests join and leave the engine's batch at every step (continuous batching across
-connections). The engine's own queue is the only backpressure: past ``max_num_seqs`` running
+connections). A training engine worker, which steps its engine itself, drives the same object
+from its own loop instead of a thread (`attach`, `pump`, `dispatch`): session traffic and
+training groups then share one engine and one batch. The engine's own queue is the only backpressure: past ``max_num_seqs`` running
 samples, new requests wait in it. Handlers never touch the engine, so a slow step never blocks
 the event loop, and the engine is only ever called from this thread.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import queue
@@ -67,6 +70,8 @@ class EngineDriver:
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._external = False
+        """Stepped by its owner (`attach`) rather than by a thread of its own."""
         self._stopping = threading.Event()
         self._gate = threading.Lock()
         """Held while a command is queued and while stopping: no request is queued after the
@@ -81,8 +86,16 @@ class EngineDriver:
         self._thread = threading.Thread(target=self._run, name="tokenflow-serve-engine", daemon=True)
         self._thread.start()
 
+    def attach(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Serve without a thread: the engine's owner calls `pump` before and `dispatch` after
+        each of its own ``engine.step()`` calls, from the one thread that uses the engine."""
+        self._loop = loop or asyncio.get_running_loop()
+        self._external = True
+
     @property
     def running(self) -> bool:
+        if self._external:
+            return not self._stopping.is_set()
         return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
 
     async def submit(self, requests: list[tuple[list[int], SamplingParams]], *, stream: bool = False,
@@ -113,16 +126,49 @@ class EngineDriver:
             self._commands.put(("abort", running, None))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine thread; requests still running get `DriverClosed`."""
+        """Stop the engine thread; requests still running get `DriverClosed`. Attached: call it
+        from the engine's thread (it aborts what is still running)."""
         with self._gate:
             self._stopping.set()
             self._commands.put(("stop", None, None))
+        if self._external:
+            for sub in list(self._live.values()):
+                self.engine.abort(sub.request_id)
+            self._fail_all(DriverClosed("the server is shutting down"))
+            self._refuse_waiting_commands()
+            return
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 logger.warning("serve: the engine thread did not stop within %.0f s", timeout_s)
 
     # -- engine thread ------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Attached: admit the requests handlers queued since the last call (never blocks)."""
+        self._take_commands(block=False)
+
+    @property
+    def busy(self) -> bool:
+        """Whether some request runs in the engine for a client."""
+        return bool(self._live)
+
+    def dispatch(self, finished: list) -> list:
+        """Attached: after ``engine.step()``, hand the driver's rollouts and streamed tokens to
+        their callers; returns the finished rollouts that are not the driver's. A sample an
+        abort-mode weight swap stopped continues from its prefix, as training samples do."""
+        mine, others = [], []
+        for r in finished:
+            sub = self._live.get(r.request_id)
+            if sub is None:
+                others.append(r)
+            elif r.finish_reason == "abort":
+                self.engine.add_request(sub.prompt_ids, dataclasses.replace(sub.params, n=1),
+                                        request_id=sub.request_id, resume=r)
+            else:
+                mine.append(r)
+        self._deliver_step(mine)
+        return others
 
     def _run(self) -> None:
         try:
@@ -179,7 +225,9 @@ class EngineDriver:
                     self.engine.abort(sub.request_id)
 
     def _step(self) -> None:
-        finished = self.engine.step()
+        self._deliver_step(self.engine.step())
+
+    def _deliver_step(self, finished: list) -> None:
         deltas: list[TokenDelta] = self.engine.new_tokens(self._streamed) if self._streamed else []
         events: list[tuple[Submission, object]] = []
         for d in deltas:

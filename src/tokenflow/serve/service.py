@@ -142,11 +142,11 @@ class OpenAIService:
         _refuse_unsupported(body)
         if body.top_logprobs and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        prompt = self.chat_format.prompt_ids(body.messages, body.tools)
+        prompt = self.chat_prompt(body, request)
         self._check_context([prompt], "messages")
         limit = min(x for x in (body.max_tokens, body.max_completion_tokens, 1 << 62) if x is not None)
         top_n = (body.top_logprobs or 0) if body.logprobs else 0
-        params = [self._params(body, prompt, limit, self.chat_format.turn_end_ids, top_n)]
+        params = [self.sampling(body, request, self._params(body, prompt, limit, self.chat_format.turn_end_ids, top_n))]
         call = await self._start([prompt], params, body.stream)
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         if body.stream:
@@ -219,7 +219,8 @@ class OpenAIService:
         prompts = self._prompt_ids(body.prompt)
         self._check_context(prompts, "prompt")
         top_n = body.logprobs or 0
-        params = [self._params(body, p, body.max_tokens or 1 << 62, (), top_n) for p in prompts]
+        params = [self.sampling(body, request, self._params(body, p, body.max_tokens or 1 << 62, (), top_n))
+                  for p in prompts]
         call = await self._start(prompts, params, body.stream)
         if body.stream:
             return self._sse(self._completion_stream(call, body, top_n, request, on_call), call)
@@ -279,6 +280,16 @@ class OpenAIService:
                 raise bad_request("a prompt has no tokens", "prompt")
             out.append(list(p))
         return out
+
+    # -- what a subclass may change (training sessions do) -------------------------------------
+
+    def chat_prompt(self, body: ChatCompletionRequest, request: Request) -> list[int]:
+        """The prompt ids of a chat call: the conversation as the chat template renders it."""
+        return self.chat_format.prompt_ids(body.messages, body.tools)
+
+    def sampling(self, body, request: Request, params: SamplingParams) -> SamplingParams:
+        """The engine's sampling parameters for one prompt of a call (as the body asks)."""
+        return params
 
     # -- running a call -----------------------------------------------------------------------
 
