@@ -13,7 +13,8 @@ from tokenflow.runtime.launch import train
 ROOT = Path(__file__).parents[2]
 TRAIN_EXAMPLES = ["examples/custom_task/config.toml", "examples/code_task/config.toml", "examples/ppo_gae.toml",
                   "examples/stale_and_corrected.toml", "examples/moe_keep_routing.toml",
-                  "examples/reinforce_pp_kl.toml", "examples/lora.toml", "examples/tool_use.toml"]
+                  "examples/reinforce_pp_kl.toml", "examples/lora.toml", "examples/tool_use.toml",
+                  "examples/agent_sessions.toml"]
 SHORT = ["--run.steps", "2", "--rollout.prompts_per_step", "4", "--run.eval_limit", "16",
          "--run.checkpoint_every", "0", "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
 

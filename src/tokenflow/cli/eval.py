@@ -81,10 +81,13 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
 
     prompts = task.eval_prompts()[:limit]
     e = cfg.episode
-    specs = [EpisodeSpec(cfg.task.env, p.example, e.max_turns, e.max_total_tokens, e.step_timeout_s)
-             for p in prompts]
+    agent = getattr(cfg.task, "agent", None)
+    specs = [EpisodeSpec(cfg.task.env, p.example, e.max_turns, e.max_total_tokens, e.step_timeout_s,
+                         agent=agent, agent_timeout_s=e.agent_timeout_s) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop=tuple(cfg.sampling.stop))
-    bar = Progress(len(prompts), description="eval", unit="episode")
+    bar = Progress(len(prompts), description="eval", unit="agent run" if agent else "episode")
+    if agent:  # the agent plays each example through a session, as in training
+        from tokenflow.runtime.agents import run_agents as run_episodes
     try:
         groups = run_episodes(engine, specs, params, on_progress=lambda done: bar.update(done, {}))
     finally:
