@@ -97,7 +97,8 @@ class AgentDriver:
         if engine.tokenizer is None:
             raise ValueError("agent tasks need the model's tokenizer (with a chat template) in the model folder")
         # Agents' HTTP clients log one line per call at INFO: that would bury the run's log.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        for name in ("httpx", "httpx2"):  # openai 3 sends through httpx2
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.engine = engine
         self.gateway = EngineDriver(engine)
         self.service = SessionService(self.gateway)
