@@ -93,6 +93,17 @@ def forgetful_agent(base_url: str, example: dict) -> str:
     return second.choices[0].message.content or ""
 
 
+async def async_agent(base_url: str, example: dict) -> str:
+    """Written with ``AsyncOpenAI``: the driver runs it on an event loop, not a thread."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    out = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": example["prompt"]}],
+                                               max_tokens=8, extra_body={"return_token_ids": True})
+    with _lock:
+        CALLS[base_url] = [{"prompt_ids": out.model_extra["prompt_token_ids"], "ids": out.choices[0].model_extra["token_ids"],
+                            "thread": threading.current_thread().name}]
+    return out.choices[0].message.content or ""
+
+
 def raising_agent(base_url: str, example: dict) -> str:
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     client.chat.completions.create(model="p", messages=[{"role": "user", "content": example["prompt"]}], max_tokens=4)
@@ -191,6 +202,17 @@ def test_a_call_that_does_not_extend_the_session_starts_a_new_row(tool_model):
             assert second.prompt_ids.tolist() == calls[1]["prompt_ids"] and second.completion_ids.tolist() == calls[1]["ids"]
             assert first.info["episode"] is second.info["episode"]  # one reward for the sample
             assert first.info["episode"]["rows"] == 2
+
+
+def test_an_async_agent_runs_on_the_event_loop(tool_model):
+    CALLS.clear()
+    groups = run_agents(_engine(tool_model), _specs(f"{HERE}:async_agent", 2), SamplingParams(max_tokens=8, n=2))
+    rows = [r for g in groups for r in g]
+    assert len(rows) == 4 and not any(r.failed for r in rows)
+    for r in rows:
+        call = next(c[0] for url, c in CALLS.items() if f"/sessions/{r.request_id}.{r.sample_index}." in url)
+        assert r.prompt_ids.tolist() == call["prompt_ids"] and r.completion_ids.tolist() == call["ids"]
+        assert call["thread"] == "env-loop"
 
 
 @pytest.mark.parametrize("agent,why", [("raising_agent", "ConnectionError"), ("hanging_agent", "did not return")])

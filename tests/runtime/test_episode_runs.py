@@ -8,6 +8,9 @@ import json
 import os
 import signal
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
 from tokenflow.runtime.launch import resolve_model_path, train
@@ -60,10 +63,16 @@ def test_an_environment_that_raises_fails_samples_not_the_run(tmp_path):
     assert all(r["reward/failed_frac"] == r["episode/failed"] / 16 for r in rows)
 
 
-def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):
+AGENT = str(Path(__file__).parents[2] / "examples/agents/calculator_agent.py") + ":solve"
+
+
+@pytest.mark.parametrize("agent", [None, AGENT], ids=["episodes", "agent-sessions"])
+def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path, agent):
+    """Episodes, or agents' sessions, in flight when the run is killed are played again."""
     run = tmp_path / "run"
     args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", "16",
-            "--run.checkpoint_every", "2", "--rollout.max_staleness", "2"]
+            "--run.checkpoint_every", "2", "--rollout.max_staleness", "2",
+            *(["--task.agent", agent] if agent else [])]
     proc = start_cli(args, tmp_path / "first.log")
     try:
         wait_until(lambda: len(step_rows(run)) >= 5 if (run / "metrics.jsonl").exists() else False,
