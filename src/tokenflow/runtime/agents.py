@@ -274,21 +274,6 @@ def run_agents(engine, specs: list, params, on_progress=None) -> list[list[Rollo
     """Blocking: one request of ``params.n`` agent samples per spec on ``engine``; each
     request's rows (for `tokenflow eval`, tests and scripts; the runtime drives agents from
     the engine worker's loop instead)."""
-    driver = AgentDriver(engine)
-    results: dict[str, list[Rollout]] = {}
-    try:
-        for i, spec in enumerate(specs):
-            driver.start(f"agent-{i}", spec, params, group_id=i, prompt_id=i)
-        while len(results) < len(specs):
-            driver.pump()
-            if engine.has_unfinished():
-                driver.dispatch(engine.step())
-            else:
-                time.sleep(0.001)  # only agents are working
-            for rid, rows in driver.poll():
-                results[rid] = rows
-                if on_progress is not None:
-                    on_progress(len(results))
-    finally:
-        driver.close()
-    return [results[f"agent-{i}"] for i in range(len(specs))]
+    from tokenflow.runtime.episodes import drive
+
+    return drive(AgentDriver(engine), engine, specs, params, on_progress)

@@ -210,11 +210,10 @@ class EngineWorker:
                 self.decode_samples.append((st.last_step_num_seqs, st.last_step_seconds))
             else:
                 self.prefill_samples.append((st.prefill_tokens - prefill_tokens_before, st.last_step_seconds))
+        if self.episodes is not None:  # episodes' turns continue or end their episodes
+            finished = self.episodes.dispatch(finished)
         for r in finished:
-            if self.episodes is not None and self.episodes.handles(r):
-                self.episodes.on_turn(r)
-            else:
-                self.collect(r)
+            self.collect(r)
 
     def poll_episodes(self) -> None:
         """Environment results that landed: continue episodes, and send the groups whose

@@ -179,6 +179,19 @@ class EpisodeDriver:
         return any(ep.future is not None for ep in self._by_key.values())
 
     # ---- engine side -------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Nothing to admit from outside the engine's thread (the agents' driver has calls)."""
+
+    def dispatch(self, finished: list[Rollout]) -> list[Rollout]:
+        """Take the episodes' turns out of one engine step's rollouts; returns the others."""
+        others = []
+        for r in finished:
+            if self.handles(r):
+                self.on_turn(r)
+            else:
+                others.append(r)
+        return others
+
     def on_turn(self, r: Rollout) -> None:
         """The engine finished (or aborted) one model turn of an episode."""
         ep = self._by_key.get(r.request_id)
@@ -438,25 +451,26 @@ def run_episodes(engine, specs: list[EpisodeSpec], params, on_progress=None) -> 
     """Blocking: run one request of ``params.n`` episodes per spec on ``engine`` and return each
     request's rows (for `tokenflow eval`, tests and scripts; the runtime drives episodes from
     the engine worker's loop instead)."""
-    driver = EpisodeDriver(engine)
+    return drive(EpisodeDriver(engine), engine, specs, params, on_progress)
+
+
+def drive(driver, engine, specs: list[EpisodeSpec], params, on_progress=None) -> list[list[Rollout]]:
+    """Run one request per spec on ``driver`` (an `EpisodeDriver` or an agents' driver) until
+    every request's rows are back, stepping ``engine`` in this thread; closes the driver."""
     results: dict[str, list[Rollout]] = {}
-    index = {}
     try:
         for i, spec in enumerate(specs):
-            rid = f"episode-{i}"
-            index[rid] = i
-            driver.start(rid, spec, params, group_id=i, prompt_id=i)
+            driver.start(f"request-{i}", spec, params, group_id=i, prompt_id=i)
         while len(results) < len(specs):
+            driver.pump()
             if engine.has_unfinished():
-                for r in engine.step():
-                    if driver.handles(r):
-                        driver.on_turn(r)
+                driver.dispatch(engine.step())
             else:
-                time.sleep(0.001)  # only environments are working
+                time.sleep(0.001)  # only environments (or agents) are working
             for rid, rows in driver.poll():
                 results[rid] = rows
                 if on_progress is not None:
                     on_progress(len(results))
     finally:
         driver.close()
-    return [results[f"episode-{i}"] for i in range(len(specs))]
+    return [results[f"request-{i}"] for i in range(len(specs))]
