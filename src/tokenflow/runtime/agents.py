@@ -127,7 +127,7 @@ class AgentDriver:
 
     def start(self, request_id: str, spec, params, group_id: int, prompt_id: int) -> None:
         """Open the ``params.n`` sessions of one request and start its agents."""
-        from tokenflow.runtime.episodes import _seed_of
+        from tokenflow.runtime.driving import seed_of
 
         fn = self._functions.get(spec.agent)
         if fn is None:
@@ -135,7 +135,7 @@ class AgentDriver:
         req = _Request(params, spec)
         for i in range(params.n):
             sid = f"{request_id}.{i}.{secrets.token_hex(4)}"
-            self.service.open(sid, params, _seed_of(params, i))
+            self.service.open(sid, params, seed_of(params, i))
             sample = _Sample(request_id, i, group_id, prompt_id, sid)
             sample.deadline = time.monotonic() + spec.agent_timeout_s
             url = f"{self.base_url}/sessions/{sid}/v1"
@@ -225,7 +225,7 @@ def session_rows(calls, sample: _Sample, spec, result, error: str | None) -> lis
     """A finished session's training rows (see the module docstring), each carrying the
     summary the rubric scores (``info["episode"]``)."""
     from tokenflow.envs import Episode
-    from tokenflow.runtime.episodes import _picklable
+    from tokenflow.runtime.driving import picklable
 
     calls = sorted(calls, key=lambda c: c.index)
     rows: list[Rollout] = []
@@ -256,7 +256,7 @@ def session_rows(calls, sample: _Sample, spec, result, error: str | None) -> lis
     record.turns = len(calls)
     record.truncated = bool(calls) and calls[-1].rollout.finish_reason == "length"
     record.info = {"calls": float(len(calls)), "session_rows": float(len(rows))}
-    record.state = _picklable({"result": result})
+    record.state = picklable({"result": result})
     finish = "error" if error is not None else rows[-1].finish_reason
     summary = {"env": spec.env, "agent": spec.agent, "episode": record, "turns": len(calls), "finish": finish,
                "info": record.info, "error": error, "rows": len(rows)}
@@ -274,6 +274,6 @@ def run_agents(engine, specs: list, params, on_progress=None) -> list[list[Rollo
     """Blocking: one request of ``params.n`` agent samples per spec on ``engine``; each
     request's rows (for `tokenflow eval`, tests and scripts; the runtime drives agents from
     the engine worker's loop instead)."""
-    from tokenflow.runtime.episodes import drive
+    from tokenflow.runtime.driving import drive
 
     return drive(AgentDriver(engine), engine, specs, params, on_progress)

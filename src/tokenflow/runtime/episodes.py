@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenflow.rollout import Rollout
+from tokenflow.runtime.driving import picklable, seed_of, tools_key
 from tokenflow.runtime.env_loop import EnvLoop
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class EpisodeDriver:
 
         episodes = []
         for i in range(params.n):
-            ep = _Episode(request_id, i, group_id, prompt_id, seed=_seed_of(params, i), record=Episode(spec.example))
+            ep = _Episode(request_id, i, group_id, prompt_id, seed=seed_of(params, i), record=Episode(spec.example))
             ep.max_turns = spec.max_turns or int(getattr(cls, "max_turns", 1))
             episodes.append(ep)
             self._by_key[ep.engine_rid] = ep
@@ -304,7 +305,7 @@ class EpisodeDriver:
 
     def _check_template(self, ep: _Episode) -> None:
         """The prefix rule, checked once per set of tools (it can depend on how tools render)."""
-        key = _tools_key(ep.bridge)
+        key = tools_key(ep.bridge)
         if key not in self._preserves:
             check = ep.bridge.prefix_check()
             self._preserves[key] = (check.ok, check.reason)
@@ -313,7 +314,7 @@ class EpisodeDriver:
                             "a new training row, prompted with the template's own rendering", check.reason)
 
     def _preserving(self, ep: _Episode) -> bool:
-        return self._preserves.get(_tools_key(ep.bridge), (True, ""))[0]
+        return self._preserves.get(tools_key(ep.bridge), (True, ""))[0]
 
     def _on_step(self, ep: _Episode, result) -> None:
         from tokenflow.envs import StepResult
@@ -391,7 +392,7 @@ class EpisodeDriver:
             rows = [Rollout(prompt_ids=ep.prompt_ids or [0], completion_ids=[], logprobs=[], versions=[],
                             request_id=ep.request_id, sample_index=ep.index, group_id=ep.group_id,
                             prompt_id=ep.prompt_id)]
-        ep.record.state = _picklable(getattr(ep.env, "state", {}) or {})
+        ep.record.state = picklable(getattr(ep.env, "state", {}) or {})
         summary = {"env": self._requests[ep.request_id][2].env, "episode": ep.record, "turns": ep.turns,
                    "finish": ep.finish, "info": ep.record.info, "error": ep.error, "rows": len(rows)}
         for k, r in enumerate(rows):
@@ -419,58 +420,10 @@ class EpisodeDriver:
             self._loop.close()
 
 
-def _seed_of(params, index: int) -> int:
-    """Each episode's own seed: the request's seed and the sample index, so that one episode is
-    regenerated exactly on resume while the n samples of a group still differ."""
-    from tokenflow.engine.request import derive_seed
-
-    base = params.seed if params.seed is not None else 0
-    return derive_seed(base, index)
-
-
-def _tools_key(bridge) -> tuple:
-    return tuple(sorted(getattr(t, "__name__", repr(t)) for t in bridge.tools))
-
-
-def _picklable(state: dict) -> dict:
-    """The environment's state as far as it can cross to the scorer process (a socket or a
-    subprocess handle in it cannot, and is left out rather than failing the episode)."""
-    import pickle
-
-    out = {}
-    for k, v in state.items():
-        try:
-            pickle.dumps(v)
-        except Exception:  # noqa: BLE001 - anything unpicklable is simply not sent
-            continue
-        out[k] = v
-    return out
-
-
 def run_episodes(engine, specs: list[EpisodeSpec], params, on_progress=None) -> list[list[Rollout]]:
     """Blocking: run one request of ``params.n`` episodes per spec on ``engine`` and return each
     request's rows (for `tokenflow eval`, tests and scripts; the runtime drives episodes from
     the engine worker's loop instead)."""
+    from tokenflow.runtime.driving import drive
+
     return drive(EpisodeDriver(engine), engine, specs, params, on_progress)
-
-
-def drive(driver, engine, specs: list[EpisodeSpec], params, on_progress=None) -> list[list[Rollout]]:
-    """Run one request per spec on ``driver`` (an `EpisodeDriver` or an agents' driver) until
-    every request's rows are back, stepping ``engine`` in this thread; closes the driver."""
-    results: dict[str, list[Rollout]] = {}
-    try:
-        for i, spec in enumerate(specs):
-            driver.start(f"request-{i}", spec, params, group_id=i, prompt_id=i)
-        while len(results) < len(specs):
-            driver.pump()
-            if engine.has_unfinished():
-                driver.dispatch(engine.step())
-            else:
-                time.sleep(0.001)  # only environments (or agents) are working
-            for rid, rows in driver.poll():
-                results[rid] = rows
-                if on_progress is not None:
-                    on_progress(len(results))
-    finally:
-        driver.close()
-    return [results[f"request-{i}"] for i in range(len(specs))]
