@@ -14,13 +14,14 @@ the behaviour that earns reward. Training is seeded and takes a few minutes on t
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
 from pathlib import Path
 
 import numpy as np
+
+from tokenflow.tools.warm_start_args import warm_start_parser
 
 log = logging.getLogger("tokenflow.tools.make_default_model")
 
@@ -117,20 +118,10 @@ PRESETS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = warm_start_parser(__doc__, out="src/tokenflow/assets/default_model", steps=2000, threads=2,
+                           eval_every=250, slip_help="probability of forgetting a carry")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="defaults for a distillation student or a long-tailed-length policy (see PRESETS)")
-    ap.add_argument("--out", type=Path, default=Path("src/tokenflow/assets/default_model"))
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--slip", type=float, default=0.6, help="probability of forgetting a carry")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--filler-share", type=float, default=0.0,
                     help="share of completions that start with a run of spaces (long-tailed lengths)")
     ap.add_argument("--filler-median", type=float, default=40.0, help="median length of that run")

@@ -21,7 +21,6 @@ and the mean number of model turns.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenflow.tools.make_default_model import build_config, save_warm_started
+from tokenflow.tools.warm_start_args import warm_start_parser
 
 log = logging.getLogger("tokenflow.tools.make_tool_model")
 
@@ -183,20 +183,10 @@ def measure(model, tokenizer, examples: list[dict], temperature: float = 0.0) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("src/tokenflow/assets/tool_model"))
+    ap = warm_start_parser(__doc__, out="src/tokenflow/assets/tool_model", steps=1200, threads=1, eval_every=400,
+                           slip_help="probability of answering a*b+c without the addition")
     ap.add_argument("--episodes", type=int, default=10000, help="demonstrated episodes (SFT rows)")
-    ap.add_argument("--steps", type=int, default=1200)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--slip", type=float, default=0.6, help="probability of answering a*b+c without the addition")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--num-eval", type=int, default=256)
-    ap.add_argument("--eval-every", type=int, default=400)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
