@@ -104,6 +104,35 @@ async def async_agent(base_url: str, example: dict) -> str:
     return out.choices[0].message.content or ""
 
 
+def streaming_agent(base_url: str, example: dict) -> str:
+    """The calculator loop with every reply streamed and reassembled from its chunks."""
+    sys_path_agent()
+    from calculator_agent import TOOLS, run_tool
+
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": example["prompt"]}]
+    for _ in range(4):
+        content, calls = "", {}
+        for chunk in client.chat.completions.create(model="p", messages=messages, tools=TOOLS, max_tokens=32,
+                                                    stream=True, extra_body={"tool_format": "plain"}):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for d in choice.delta.tool_calls or []:
+                    calls.setdefault(d.index, {"id": d.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                    calls[d.index]["function"]["name"] += d.function.name or ""
+                    calls[d.index]["function"]["arguments"] += d.function.arguments or ""
+        reply = {"role": "assistant", "content": content}
+        if calls:
+            reply["tool_calls"] = [calls[k] for k in sorted(calls)]
+        messages.append(reply)
+        if not calls:
+            return content
+        for call in reply["tool_calls"]:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                             "content": run_tool(call["function"]["name"], call["function"]["arguments"])})
+    return ""
+
+
 def raising_agent(base_url: str, example: dict) -> str:
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     client.chat.completions.create(model="p", messages=[{"role": "user", "content": example["prompt"]}], max_tokens=4)
@@ -171,6 +200,7 @@ def test_session_rows_are_exactly_what_the_engine_returned_to_the_agent(tool_mod
             tokens += b - a
         for a, b in between:
             assert (r.logprobs[a:b] == 0).all()
+        assert r.info["episode"]["info"]["calls_from_sampled_ids"] == len(calls) - 1
     # The run's temperature (1.0), not the agent's (0.0): the samples of a prompt differ.
     assert all(r.temperature == 1.0 for r in rows)
     assert any(len({tuple(r.completion_ids.tolist()) for r in g}) > 1 for g in groups)
@@ -202,6 +232,18 @@ def test_a_call_that_does_not_extend_the_session_starts_a_new_row(tool_model):
             assert second.prompt_ids.tolist() == calls[1]["prompt_ids"] and second.completion_ids.tolist() == calls[1]["ids"]
             assert first.info["episode"] is second.info["episode"]  # one reward for the sample
             assert first.info["episode"]["rows"] == 2
+
+
+def test_streamed_calls_extend_one_another_too(tool_model):
+    groups = run_agents(_engine(tool_model), _specs(f"{HERE}:streaming_agent", 4), SamplingParams(max_tokens=32, n=2, seed=4))
+    rows = [r for g in groups for r in g]
+    assert len(rows) == 8 and not any(r.failed for r in rows)
+    multi = [r for r in rows if r.info["episode"]["turns"] >= 2]
+    assert multi, "the tool model should call a tool"
+    for r in multi:  # one row per sample: each streamed reply, re-sent, continued the row from its ids
+        summary = r.info["episode"]
+        assert summary["rows"] == 1 and (r.loss_mask == 0).any()
+        assert summary["info"]["calls_from_sampled_ids"] == summary["turns"] - 1
 
 
 def test_an_async_agent_runs_on_the_event_loop(tool_model):

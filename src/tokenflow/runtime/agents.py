@@ -255,7 +255,8 @@ def session_rows(calls, sample: _Sample, spec, result, error: str | None) -> lis
         record.messages = [{"role": "assistant", "content": calls[-1].rollout.text or ""}]
     record.turns = len(calls)
     record.truncated = bool(calls) and calls[-1].rollout.finish_reason == "length"
-    record.info = {"calls": float(len(calls)), "session_rows": float(len(rows))}
+    record.info = {"calls": float(len(calls)), "session_rows": float(len(rows)),
+                   "calls_from_sampled_ids": float(sum(c.extended for c in calls))}
     record.state = picklable({"result": result})
     finish = "error" if error is not None else rows[-1].finish_reason
     summary = {"env": spec.env, "agent": spec.agent, "episode": record, "turns": len(calls), "finish": finish,
