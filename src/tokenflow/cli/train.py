@@ -99,6 +99,9 @@ def run(args, overrides: list[str] | None = None) -> int:
     except input_errors as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    from tokenflow.runtime import phases
+
+    phases.mark("config_loaded")
     if args.help_config:
         sys.stdout.write(help_config(cfg))
         return 0

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from tokenflow.metrics import trace
+from tokenflow.runtime import phases
 from tokenflow.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,14 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         done = rd.finished(cfg.run.steps)
         if done is not None:
             raise RunFinished(done, rd.root)
+    if cfg.runtime.backend == "local":
+        from tokenflow.runtime.worker_start import warm
+
+        warm(cfg.runtime.start_method)  # the fork server imports the workers' modules while we check
     model = resolve_model_path(cfg.model.path)
+    phases.mark("preflight_start")
     task, tokenizer = prepare(cfg, model)
+    phases.mark("preflight_end")
     rd.create()
     with run_resources(rd.root) as tag:
         try:
@@ -166,6 +173,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
             log.warning("%s holds no complete checkpoint: the run starts again from step 0", rd.root)
         rd.reset()
         rd.config.write_text(to_toml(cfg))
+    phases.mark("run_folder_ready")
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
     reward_spec = task.reward_spec
@@ -178,23 +186,34 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     else:
         scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
     scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
+    phases.mark("scorer_started")
     logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
                           resume_step=version + 1 if resume_state is not None else None)
+    phases.mark("logger_ready")
     backend = None
     try:
+        phases.mark("workers_spawn_start")
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
+        phases.mark("workers_spawned")
         scorers = {f"scorer{i}": pid for i, pid in enumerate(scorer.worker_pids())}
         _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers},
                                  **scorers})
         orch = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
         summary = orch.run()
+        phases.mark("run_end")
     finally:
         if backend is not None:
             backend.shutdown()
+        phases.mark("workers_stopped")
         scorer.close()
+        phases.mark("scorer_closed")
         logger.close()
+        phases.mark("logger_closed")
         trace.flush()
     summary["run_dir"] = str(rd.root)
+    phases.mark("shutdown_end")
+    summary["phases"] = {"process_start": phases.process_start(),
+                         "marks": phases.relative(getattr(orch, "worker_marks", None))}
     _write_json(rd.summary, summary)
     if trace_dir:
         trace.configure(None, "orchestrator")  # stop tracing this process once the run is over

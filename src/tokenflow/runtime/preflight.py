@@ -46,10 +46,10 @@ def check_model_folder(path: str) -> None:
         raise InputError(f"{what} holds no weights (model.safetensors or pytorch_model.bin); {hint}")
     if not any((p / name).is_file() for name in _TOKENIZER):
         raise InputError(f"{what} holds no tokenizer files (tokenizer.json or tokenizer.model); {hint}")
-    from tokenflow.engine.models.registry import model_class
+    from tokenflow.engine.models.registry import check_supported
 
     try:
-        model_class(SimpleNamespace(architectures=config.get("architectures"), model_type=config.get("model_type")))
+        check_supported(SimpleNamespace(architectures=config.get("architectures"), model_type=config.get("model_type")))
     except ValueError as e:
         raise InputError(f"{what}: {e}; use a model of a supported architecture") from None
 
