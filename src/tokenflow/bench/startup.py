@@ -44,7 +44,8 @@ PHASES = (
     ("exit", "shutdown_end", None),
 )
 # Marks inside the window, as offsets from its start (they overlap training).
-INSIDE = (("trainer ready", "trainer_ready"), ("starting model evaluated", "baseline_eval_end"))
+INSIDE = (("trainer ready", "trainer_ready"), ("starting model evaluated", "baseline_eval_end"),
+          ("step 1 sent to the trainer", "step1_dispatched"))
 
 
 def register(subparsers) -> None:

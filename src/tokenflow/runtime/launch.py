@@ -99,6 +99,15 @@ class RunFinished(Exception):
         self.summary = summary
 
 
+def _fork_context(cfg):
+    """The fork-server context the local backend's workers start from, or None (spawn, Ray)."""
+    if cfg.runtime.backend != "local" or cfg.runtime.start_method != "forkserver":
+        return None
+    from tokenflow.runtime.worker_start import available, context
+
+    return context("forkserver") if available("forkserver") else None
+
+
 def prepare(cfg, model: str):
     """Everything a run needs that can be wrong in the user's input, checked before the run folder
     or any process exists (``tokenflow.runtime.preflight``): (task, tokenizer)."""
@@ -106,7 +115,7 @@ def prepare(cfg, model: str):
     from tokenflow.tasks import build_task
 
     preflight.check_model_folder(model)
-    tokenizer = preflight.load_tokenizer(model)
+    tokenizer = preflight.load_tokenizer(model, _fork_context(cfg))
     task = build_task(cfg.task)
     if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
         preflight.check_environment(task, tokenizer)
@@ -146,8 +155,6 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
 
 
 def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
-    from transformers import AutoTokenizer
-
     from tokenflow.config.loading import to_toml
     from tokenflow.metrics.sinks import build_logger
     from tokenflow.runtime.orchestrator import Orchestrator
@@ -166,7 +173,9 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         if cfg.trainer.lora_rank is not None:  # the adapters resume on the base, not the merged model
             trainer_model = model
         resume_dir = str(ckpt)
-        tokenizer = AutoTokenizer.from_pretrained(trainer_model)
+        from tokenflow.runtime.preflight import load_tokenizer
+
+        tokenizer = load_tokenizer(trainer_model, _fork_context(cfg))
         log.info("resuming %s from step %d", rd.root, version)
     else:
         if resume:

@@ -296,6 +296,8 @@ class Orchestrator:
             self.backend.broadcast(M.SetPaused(True))
         self.trainer_busy = True
         self.last_msg_from[self.backend.trainer.name] = time.monotonic()
+        if step == 1:
+            phases.mark("step1_dispatched")
         self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
 
     def _maybe_unpause(self) -> None:
