@@ -92,6 +92,13 @@ def _reusable(run_dir) -> bool:
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import to_toml
 
+    if not (args.dry_run or args.help_config):
+        # Start the fork server the local backend's workers come from (runtime.worker_start) before
+        # anything else, so that its imports overlap reading the config as well as the preflight.
+        # The run stops it again if its config starts workers another way.
+        from tokenflow.runtime.worker_start import warm
+
+        warm("forkserver")
     overrides = overrides or []
     input_errors = _input_errors()
     try:

@@ -108,6 +108,22 @@ def _fork_context(cfg):
     return context("forkserver") if available("forkserver") else None
 
 
+def _import_run_modules() -> None:
+    """What this process imports to run the orchestrator (none of it torch), imported now: with
+    a fork server the preflight waits for its imports, and this costs nothing then."""
+    import tokenflow.metrics.sinks  # noqa: F401
+    import tokenflow.runtime.local  # noqa: F401
+    import tokenflow.runtime.orchestrator  # noqa: F401
+    import tokenflow.scoring.pool  # noqa: F401
+    import tokenflow.scoring.stage  # noqa: F401
+
+    try:  # the TensorBoard sink's writer (protobuf)
+        import tensorboard.compat.proto.event_pb2  # noqa: F401
+        import tensorboard.summary.writer.event_file_writer  # noqa: F401
+    except ImportError:
+        pass
+
+
 def prepare(cfg, model: str):
     """Everything a run needs that can be wrong in the user's input, checked before the run folder
     or any process exists (``tokenflow.runtime.preflight``): (task, tokenizer)."""
@@ -115,7 +131,10 @@ def prepare(cfg, model: str):
     from tokenflow.tasks import build_task
 
     preflight.check_model_folder(model)
-    tokenizer = preflight.load_tokenizer(model, _fork_context(cfg))
+    ctx = _fork_context(cfg)
+    if ctx is not None:
+        _import_run_modules()  # while the fork server imports the workers' modules
+    tokenizer = preflight.load_tokenizer(model, ctx)
     task = build_task(cfg.task)
     if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
         preflight.check_environment(task, tokenizer)
@@ -137,10 +156,12 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         done = rd.finished(cfg.run.steps)
         if done is not None:
             raise RunFinished(done, rd.root)
-    if cfg.runtime.backend == "local":
-        from tokenflow.runtime.worker_start import warm
+    from tokenflow.runtime import worker_start
 
-        warm(cfg.runtime.start_method)  # the fork server imports the workers' modules while we check
+    if cfg.runtime.backend == "local" and cfg.runtime.start_method == "forkserver":
+        worker_start.warm("forkserver")  # the fork server imports the workers' modules while we check
+    else:
+        worker_start.stop()  # one `tokenflow train` warmed before reading the config
     model = resolve_model_path(cfg.model.path)
     phases.mark("preflight_start")
     task, tokenizer = prepare(cfg, model)
@@ -188,22 +209,23 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     reward_spec = task.reward_spec
     if getattr(cfg.task, "env", None):  # multi-turn: the environment's rubric scores whole episodes
         from tokenflow.scoring.episodes import REWARD_SPEC as reward_spec
-    if cfg.runtime.backend == "ray":
-        from tokenflow.runtime.ray_scoring import RayScorerPool
-
-        scorer = RayScorerPool(reward_spec, cfg)
-    else:
-        scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
-    scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
-    phases.mark("scorer_started")
-    logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
-                          resume_step=version + 1 if resume_state is not None else None)
-    phases.mark("logger_ready")
-    backend = None
+    backend = scorer = logger = None
     try:
+        # Workers first: their start-up is the longest, and the rest happens while they load.
         phases.mark("workers_spawn_start")
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
         phases.mark("workers_spawned")
+        if cfg.runtime.backend == "ray":
+            from tokenflow.runtime.ray_scoring import RayScorerPool
+
+            scorer = RayScorerPool(reward_spec, cfg)
+        else:
+            scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+        scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
+        phases.mark("scorer_started")
+        logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
+                              resume_step=version + 1 if resume_state is not None else None)
+        phases.mark("logger_ready")
         scorers = {f"scorer{i}": pid for i, pid in enumerate(scorer.worker_pids())}
         _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers},
                                  **scorers})
@@ -214,9 +236,11 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         if backend is not None:
             backend.shutdown()
         phases.mark("workers_stopped")
-        scorer.close()
+        if scorer is not None:
+            scorer.close()
         phases.mark("scorer_closed")
-        logger.close()
+        if logger is not None:
+            logger.close()
         phases.mark("logger_closed")
         trace.flush()
     summary["run_dir"] = str(rd.root)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,22 @@ def warm(method: str) -> None:
         forkserver.ensure_running()
     except Exception as e:  # noqa: BLE001 - the workers' start will try again and report
         log.debug("could not start the fork server early: %s", e)
+
+
+def stop() -> None:
+    """Stop a fork server :func:`warm` started for nothing (the run turned out to use spawn or
+    Ray), rather than leave its memory held until this process exits."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # noqa: SLF001 - the module's one server
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        server._stop()  # noqa: SLF001 - closes its pipe, reaps it, removes its socket
+    except Exception as e:  # noqa: BLE001 - another Python's internals: leave it to exit with us
+        log.debug("could not stop the fork server: %s", e)
 
 
 def environment() -> dict[str, str]:
