@@ -96,12 +96,14 @@ def breakdown(summary: dict, t0: float, t1: float, load: float | None = None) ->
         out["before_window_s"] = at["window_start"] - t0
         out["after_window_s"] = t1 - at["window_end"]
         out["inside_window_s"] = {label: at[m] - at["window_start"] for label, m in INSIDE if m in marks}
+    if "tokenizer/started" in marks:  # the preflight's tokenizer child is the fork server's first
+        out["fork_server_ready_s"] = at["tokenizer/started"] - t0
     out["accuracy"] = (summary.get("baseline_accuracy"), summary.get("final_accuracy"))
     return out
 
 
 def _median(results: list[dict]) -> dict:
-    keys = ("wall_s", "window_s", "overhead_s", "before_window_s", "after_window_s")
+    keys = ("wall_s", "window_s", "overhead_s", "before_window_s", "after_window_s", "fork_server_ready_s")
     med = {k: statistics.median(r[k] for r in results if k in r) for k in keys if any(k in r for r in results)}
     labels = [label for label, _, _ in PHASES]
     med["phases_s"] = {label: statistics.median(r["phases_s"][label] for r in results if label in r["phases_s"])
@@ -118,6 +120,8 @@ def _print(result: dict, title: str) -> None:
     if "before_window_s" in result:
         print(f"    before window   {result['before_window_s']:7.2f} s")
         print(f"    after window    {result['after_window_s']:7.2f} s")
+    if "fork_server_ready_s" in result:
+        print(f"  fork server ready {result['fork_server_ready_s']:7.2f} s after the start (its imports done)")
     for label, v in result["phases_s"].items():
         print(f"  {label:38s} {v:7.3f} s")
     for label, v in (result.get("inside_window_s") or {}).items():

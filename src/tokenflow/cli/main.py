@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflow.runtime import phases
 
     phases.mark("cli_main")
+    _warm_for_train(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     rest, extra = split_overrides(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(rest)
@@ -79,6 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # this process's own command line: it exits next
         _before_exit()
     return rc
+
+
+def _warm_for_train(argv: list[str]) -> None:
+    """`tokenflow train` (not --dry-run, --help-config or --help): start the fork server its
+    workers come from now, before the parser is even built, so that its imports overlap all of
+    this process's start-up (``tokenflow.runtime.worker_start``; the run stops it again if its
+    config starts workers another way)."""
+    if argv[:1] != ["train"] or {"--dry-run", "--help-config", "-h", "--help"} & set(argv):
+        return
+    from tokenflow.runtime.worker_start import warm
+
+    warm("forkserver")
 
 
 def _before_exit() -> None:

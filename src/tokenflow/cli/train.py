@@ -94,8 +94,9 @@ def run(args, overrides: list[str] | None = None) -> int:
 
     if not (args.dry_run or args.help_config):
         # Start the fork server the local backend's workers come from (runtime.worker_start) before
-        # anything else, so that its imports overlap reading the config as well as the preflight.
-        # The run stops it again if its config starts workers another way.
+        # reading the config, so that its imports overlap that as well as the preflight (a no-op
+        # when `tokenflow` started it already). The run stops it if its config starts workers
+        # another way.
         from tokenflow.runtime.worker_start import warm
 
         warm("forkserver")

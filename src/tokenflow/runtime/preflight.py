@@ -81,12 +81,16 @@ def _tokenizer_child(conn, path: str, env: dict) -> None:
     from tokenflow.runtime.worker_start import apply_environment
 
     apply_environment(env)
+    from tokenflow.runtime import phases
+
     try:
-        conn.send(("ok", load_tokenizer(path)))
+        tokenizer = load_tokenizer(path)
+        phases.mark("tokenizer/loaded")
+        conn.send(("ok", tokenizer, phases.worker_marks("tokenizer")))
     except InputError as e:
-        conn.send(("input", str(e)))
+        conn.send(("input", str(e), {}))
     except Exception as e:  # noqa: BLE001 - the parent loads it itself and reports
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        conn.send(("failed", f"{type(e).__name__}: {e}", {}))
     conn.close()
 
 
@@ -105,13 +109,17 @@ def _load_in_child(path: str, ctx):
         child.start()
         writer.close()
         try:
-            kind, payload = reader.recv()
+            kind, payload, marks = reader.recv()
         finally:
             reader.close()
             child.join(10)
     except Exception as e:  # noqa: BLE001 - EOF (the child died), no fork server: load it here
         log.debug("loading the tokenizer in a forked child failed (%s); loading it here", e)
         return None
+    from tokenflow.runtime import phases
+
+    for name, t in marks.items():  # when the fork server was ready (the child's start), for the breakdown
+        phases.mark(name, t)
     if kind == "input":
         raise InputError(payload)
     if kind != "ok":
