@@ -58,6 +58,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     from tokenflow.runtime import phases
 
+    phases.reset()
     phases.mark("cli_main")
     _warm_for_train(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

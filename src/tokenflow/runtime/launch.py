@@ -158,6 +158,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
             raise RunFinished(done, rd.root)
     from tokenflow.runtime import worker_start
 
+    phases.reset(keep=("cli_main", "config_loaded"))  # an earlier run's marks (tests, benches)
     if cfg.runtime.backend == "local" and cfg.runtime.start_method == "forkserver":
         worker_start.warm("forkserver")  # the fork server imports the workers' modules while we check
     else:

@@ -74,6 +74,7 @@ class Orchestrator:
         self.t_start = time.monotonic()
         self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
         self.trainer_busy = True  # until TrainerReady
+        self.trainer_ready = False  # TrainerReady came (it may come after the window opens)
         self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
         self.sync_broken: tuple[float, M.SyncBroken] | None = None  # a failed push awaiting a re-formed group
         self.pending_batch: tuple[list[int], list[int], dict] | None = None  # prompt ids, dropped ids, metrics
@@ -211,6 +212,7 @@ class Orchestrator:
         elif isinstance(msg, M.TrainerReady):
             phases.mark("trainer_ready")
             self.trainer_busy = False
+            self.trainer_ready = True
             self.num_parameters = msg.num_parameters
             self.sync_spec = msg.sync_spec
             for i, engine in enumerate(self.backend.engines):
@@ -390,10 +392,6 @@ class Orchestrator:
             self.eval_scored[gid] = None
             self._send_generate(gid, p, "eval", self.eval_params)
 
-    def eval_generated(self) -> bool:
-        """Every held-out group is back from the engines (the weights may change from now on)."""
-        return len(self.eval_results) == len(self.eval_prompts)
-
     def eval_done(self) -> bool:
         """Submit the held-out groups that came back for scoring; True once all are scored."""
         for gid, rollouts in list(self.eval_results.items()):
@@ -462,7 +460,7 @@ class Orchestrator:
             else:
                 self.progress.status(None)
             self.t_train0 = time.monotonic()
-            phases.mark("window_start")
+            trace.record("orchestrator/window_start", phases.mark("window_start"), 0.0)  # the report's zero
             self.last_step_wall = self.wall_offset
             self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
             self.idle.start(self.engine_totals)

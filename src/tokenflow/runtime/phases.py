@@ -34,8 +34,10 @@ def worker_marks(name: str) -> dict[str, float]:
     return {**({f"{name}/started": start} if start is not None else {}), **_marks}
 
 
-def reset() -> None:
-    _marks.clear()
+def reset(keep: tuple[str, ...] = ()) -> None:
+    """Forget the marks (of an earlier run in this process), but those named in ``keep``."""
+    for name in [k for k in _marks if k not in keep]:
+        del _marks[name]
 
 
 def process_start(pid: int | None = None) -> float | None:
