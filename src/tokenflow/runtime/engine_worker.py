@@ -257,8 +257,8 @@ class EngineWorker:
         trace.counter("engine/running", seqs=self.engine.num_running)
 
     def can_step(self) -> bool:
-        # Never before the sync is attached, nor before the weights it must start from: a
-        # restarted engine first loads the newest weights.
+        # Never before the weights it must start from; with attach_first, never before the sync
+        # is attached either (a restarted engine first loads the newest weights).
         return (self.engine.has_unfinished() and not self.paused
                 and (self.receiver is not None or not self.attach_first)
                 and self.engine.version >= self.min_version)

@@ -37,8 +37,8 @@ class LocalBackend:
         self.engines = []
         for i, q in enumerate(engine_qs):
             name = "engine" if num_engines == 1 else f"engine{i}"
-            h = WorkerHandle(name, run_engine_worker, (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir, False),
-                             ctx, cmd_q=q, logs=self.logs, env=env)
+            args = (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir, False)  # attach_first
+            h = WorkerHandle(name, run_engine_worker, args, ctx, cmd_q=q, logs=self.logs, env=env)
             h.load = 0  # samples in flight on this engine, for routing
             self.engines.append(h)
         trainer_q = ctx.Queue()

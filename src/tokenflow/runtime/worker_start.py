@@ -66,6 +66,8 @@ def warm(method: str) -> None:
 def stop() -> None:
     """Stop a fork server :func:`warm` started for nothing (the run turned out to use spawn or
     Ray), rather than leave its memory held until this process exits."""
+    if not available("forkserver"):
+        return
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # noqa: SLF001 - the module's one server
