@@ -8,6 +8,7 @@ BENCHMARKS = {
     "engine": "tokenflow.bench.engine",
     "pipeline": "tokenflow.bench.pipeline",
     "serve": "tokenflow.bench.serve",
+    "startup": "tokenflow.bench.startup",
     "sync": "tokenflow.bench.sync",
 }
 
@@ -15,6 +16,6 @@ BENCHMARKS = {
 def register(subparsers) -> None:
     from tokenflow.cli.main import register_all
 
-    parser = subparsers.add_parser("bench", help="benchmarks (chaos, engine, pipeline, serve, sync)")
+    parser = subparsers.add_parser("bench", help="benchmarks (chaos, engine, pipeline, serve, startup, sync)")
     register_all(parser.add_subparsers(dest="bench", metavar="BENCHMARK"), BENCHMARKS)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

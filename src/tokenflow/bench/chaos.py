@@ -142,8 +142,9 @@ def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log
         _wait(lambda: False, rng.uniform(0.0, 3.0), proc)
     else:  # some way into a step: generating, scoring, training, syncing or checkpointing
         # A worker killed after the last training step may not be needed any more (the run can
-        # end without it), so worker kills aim at least two steps before the end.
-        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 1 if kind == "tree" else steps - 2)
+        # end without it), so kills aim at least two steps before the end; a whole tree too,
+        # since the end of a run (final evaluation, checkpoint, exit) takes about a second now.
+        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 2)
         rec["moment"] = f"step {target}+"
         _wait(lambda: _steps_done(run_dir) >= target, 900, proc)
         _wait(lambda: False, rng.uniform(0.0, 1.5), proc)

@@ -92,6 +92,14 @@ def _reusable(run_dir) -> bool:
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import to_toml
 
+    if not (args.dry_run or args.help_config):
+        # Start the fork server the local backend's workers come from (runtime.worker_start) before
+        # reading the config, so that its imports overlap that as well as the preflight (a no-op
+        # when `tokenflow` started it already). The run stops it if its config starts workers
+        # another way.
+        from tokenflow.runtime.worker_start import warm
+
+        warm("forkserver")
     overrides = overrides or []
     input_errors = _input_errors()
     try:
@@ -99,6 +107,9 @@ def run(args, overrides: list[str] | None = None) -> int:
     except input_errors as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    from tokenflow.runtime import phases
+
+    phases.mark("config_loaded")
     if args.help_config:
         sys.stdout.write(help_config(cfg))
         return 0

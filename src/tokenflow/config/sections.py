@@ -174,6 +174,11 @@ class RuntimeConfig(ConfigModel):
     """Longest silence from a worker process before the run stops with its name."""
     num_engines: int = Field(default=1, ge=1)
     """Engine workers (processes, or Ray actors); each prompt group goes to the least-loaded one."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """Local backend: how engine and trainer processes start. "forkserver": forked from a server
+    process started before the run's input checks, which imports torch, transformers and the
+    worker code once while they run (a fork then starts a worker in milliseconds). "spawn": each
+    worker is a fresh interpreter that imports everything itself (slower start, nothing shared)."""
     ray_address: str | None = None
     """Ray cluster to join, e.g. "ray://head:10001" or "auto" (None: start a local one, unless
     the caller already called ray.init, whose cluster is used)."""

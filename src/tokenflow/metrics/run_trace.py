@@ -9,7 +9,9 @@ and after reading messages) and this module turns what changed since the last ca
 * ``buffer/batch_wait``: the trainer was free but the buffer held less than one step of groups;
 * ``buffer/admission_blocked``: the staleness budget was full, so no prompt could be admitted;
 * ``trainer/idle``: from a ``Trained`` (or ``Saved``) reply to the next ``Train``, drawn on the
-  trainer's own process track;
+  trainer's own process track; a trainer still starting when the window opens (the engines do
+  not wait for it) is idle from the window's start to its first ``Train``, as the runtime's
+  idle clock counts it;
 * counters ``buffer/fill`` (admitted-but-unconsumed fraction and ready groups) and
   ``perf/tokens_per_s`` (engine generation rate and trainer consumption rate).
 
@@ -77,9 +79,10 @@ class RunTracer:
         orch = self.orch
         stamp = orch.last_msg_from.get(orch.backend.trainer.name)
         at = now - (time.monotonic() - stamp) if stamp is not None else now
-        if not orch.trainer_busy and self.trainer_free_since is None:
+        idle = not orch.trainer_busy or not getattr(orch, "trainer_ready", True)  # starting: not training
+        if idle and self.trainer_free_since is None:
             self.trainer_free_since = max(at, self.t0)
-        elif orch.trainer_busy and self.trainer_free_since is not None:
+        elif not idle and self.trainer_free_since is not None:
             start, self.trainer_free_since = self.trainer_free_since, None
             trace.record_on("trainer/idle", start, max(0.0, at - start), self.trainer_pid, IDLE_TID,
                             step=orch.step)

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import numbers
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -57,16 +58,29 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, log_dir: str | Path, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+    """Scalars in TensorBoard's event-file format, written with the ``tensorboard`` package's own
+    writer (what ``torch.utils.tensorboard.SummaryWriter`` wraps), so the orchestrator's process
+    never imports torch for it."""
 
-        # purge_step: on resume, TensorBoard hides events the killed run logged past the checkpoint.
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
         # flush_secs: a live TensorBoard (and a killed run's files) lag at most this much.
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=10)
+        self.writer = EventFileWriter(str(log_dir), max_queue_size=10, flush_secs=10)
+        if purge_step is not None:
+            # On resume, TensorBoard hides the events a killed run logged at or after purge_step
+            # (what SummaryWriter(purge_step=...) writes).
+            self.writer.add_event(Event(step=purge_step, file_version="brain.Event:2"))
+            self.writer.add_event(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for k, v in _clean(metrics).items():
-            self.writer.add_scalar(k, v, global_step=step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in _clean(metrics).items()]
+        if values:
+            self.writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(value=values)))
 
     def close(self) -> None:
         self.writer.flush()

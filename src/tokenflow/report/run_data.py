@@ -1,8 +1,9 @@
 """A run folder read back for reporting: summary, per-step metrics, evaluations, token ages.
 
 Time axis: ``time/wall_s`` in ``metrics.jsonl`` counts seconds from the start of the training
-window (the first admission after the baseline evaluation), which is also the zero of the
-trace-derived timeline (:mod:`tokenflow.report.timeline`).
+window (the first admission, once the engines are loaded; the baseline evaluation runs beside
+the first groups), which is also the zero of the trace-derived timeline
+(:mod:`tokenflow.report.timeline`).
 """
 
 from __future__ import annotations

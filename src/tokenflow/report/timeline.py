@@ -1,8 +1,9 @@
 """A merged ``trace.json`` read back as intervals on the run's time axis.
 
-Zero is the start of the training window, found as the end of the last ``orchestrator/eval``
-span before the first ``trainer/step`` (the baseline evaluation), so trace times line up with
-``time/wall_s`` in ``metrics.jsonl``. Busy is defined as the runtime's idle clocks define it:
+Zero is the start of the training window: the ``orchestrator/window_start`` mark the
+orchestrator records when it opens it (in traces from before that mark: the end of the last
+``orchestrator/eval`` span before the first ``trainer/step``, the baseline evaluation), so trace
+times line up with ``time/wall_s`` in ``metrics.jsonl``. Busy is defined as the runtime's idle clocks define it:
 the engine is busy inside a prefill or decode step, the trainer inside a step or its weight push.
 """
 
@@ -116,6 +117,9 @@ class Timeline:
 
 
 def _window_start(spans: dict[str, list]) -> float:
+    marks = spans.get("orchestrator/window_start")
+    if marks:
+        return min(s for _, s, _ in marks)
     steps = spans.get("trainer/step", [])
     first_step = min((s for _, s, _ in steps), default=None)
     evals = [e for _, _, e in spans.get("orchestrator/eval", [])]

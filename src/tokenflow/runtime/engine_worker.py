@@ -20,7 +20,7 @@ from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.messages import (
     AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, Shutdown,
-    WeightsLoaded,
+    WeightsLoaded, WorkerBooted,
 )
 from tokenflow.runtime.workers import ParentWatch, worker_main
 
@@ -37,14 +37,18 @@ class _Group:
 
 class EngineWorker:
     def __init__(self, model_path: str, engine_config, out_q, cmd_q, name: str = "engine",
-                 trace_dir: str | None = None) -> None:
+                 trace_dir: str | None = None, attach_first: bool = True) -> None:
         from tokenflow.engine.factory import make_engine
+        from tokenflow.runtime import phases
 
+        phases.mark(f"{name}/imported")
         trace.configure(trace_dir, name)
         self.name = name
         self.out_q = out_q
         self.cmd_q = cmd_q
         self.engine = make_engine(model_path, engine_config)
+        phases.mark(f"{name}/loaded")
+        out_q.put(Envelope(name, WorkerBooted(name, phases.worker_marks(name))))
         self.mode = engine_config.update_mode
         self.receiver = None
         self.pending_weights = []  # WeightsReady notices not yet loaded, oldest first
@@ -66,6 +70,11 @@ class EngineWorker:
         self.parent = ParentWatch()
         self.episodes = None  # an EpisodeDriver, made on the first environment request
         self.agents = None  # an AgentDriver (training sessions), made on the first agent request
+        # Generate nothing before the trainer's sync spec is attached (a restarted engine must
+        # first load the newest weights). False for a first start: the engine holds the run's
+        # starting weights already, so the held-out evaluation and the first training groups
+        # need not wait for the trainer to load.
+        self.attach_first = attach_first
 
     # ---- commands ------------------------------------------------------------------------
     def handle(self, msg) -> None:
@@ -262,9 +271,10 @@ class EngineWorker:
         trace.counter("engine/running", seqs=self.engine.num_running)
 
     def can_step(self) -> bool:
-        # Never before the sync is attached, nor before the weights it must start from: a
-        # restarted engine first loads the newest weights.
-        return (self.engine.has_unfinished() and not self.paused and self.receiver is not None
+        # Never before the weights it must start from; with attach_first, never before the sync
+        # is attached either (a restarted engine first loads the newest weights).
+        return (self.engine.has_unfinished() and not self.paused
+                and (self.receiver is not None or not self.attach_first)
                 and self.engine.version >= self.min_version)
 
     def loop(self) -> None:
@@ -298,6 +308,8 @@ class EngineWorker:
         trace.flush()
 
 
-def run_engine_worker(model_path, engine_config, out_q, cmd_q, name="engine", trace_dir=None) -> None:
+def run_engine_worker(model_path, engine_config, out_q, cmd_q, name="engine", trace_dir=None,
+                      attach_first=True) -> None:
     """Process entry point (spawned)."""
-    worker_main(name, out_q, lambda: EngineWorker(model_path, engine_config, out_q, cmd_q, name, trace_dir).loop())
+    worker_main(name, out_q, lambda: EngineWorker(model_path, engine_config, out_q, cmd_q, name, trace_dir,
+                                                  attach_first).loop())

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from tokenflow.metrics import trace
+from tokenflow.runtime import phases
 from tokenflow.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,31 @@ class RunFinished(Exception):
         self.summary = summary
 
 
+def _fork_context(cfg):
+    """The fork-server context the local backend's workers start from, or None (spawn, Ray)."""
+    if cfg.runtime.backend != "local" or cfg.runtime.start_method != "forkserver":
+        return None
+    from tokenflow.runtime.worker_start import available, context
+
+    return context("forkserver") if available("forkserver") else None
+
+
+def _import_run_modules() -> None:
+    """What this process imports to run the orchestrator (none of it torch), imported now: with
+    a fork server the preflight waits for its imports, and this costs nothing then."""
+    import tokenflow.metrics.sinks  # noqa: F401
+    import tokenflow.runtime.local  # noqa: F401
+    import tokenflow.runtime.orchestrator  # noqa: F401
+    import tokenflow.scoring.pool  # noqa: F401
+    import tokenflow.scoring.stage  # noqa: F401
+
+    try:  # the TensorBoard sink's writer (protobuf)
+        import tensorboard.compat.proto.event_pb2  # noqa: F401
+        import tensorboard.summary.writer.event_file_writer  # noqa: F401
+    except ImportError:
+        pass
+
+
 def prepare(cfg, model: str):
     """Everything a run needs that can be wrong in the user's input, checked before the run folder
     or any process exists (``tokenflow.runtime.preflight``): (task, tokenizer)."""
@@ -105,7 +131,10 @@ def prepare(cfg, model: str):
     from tokenflow.tasks import build_task
 
     preflight.check_model_folder(model)
-    tokenizer = preflight.load_tokenizer(model)
+    ctx = _fork_context(cfg)
+    if ctx is not None:
+        _import_run_modules()  # while the fork server imports the workers' modules
+    tokenizer = preflight.load_tokenizer(model, ctx)
     task = build_task(cfg.task)
     if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
         if getattr(cfg.task, "agent", None):  # agent samples: played by the agent function
@@ -130,8 +159,17 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
         done = rd.finished(cfg.run.steps)
         if done is not None:
             raise RunFinished(done, rd.root)
+    from tokenflow.runtime import worker_start
+
+    phases.reset(keep=("cli_main", "config_loaded"))  # an earlier run's marks (tests, benches)
+    if cfg.runtime.backend == "local" and cfg.runtime.start_method == "forkserver":
+        worker_start.warm("forkserver")  # the fork server imports the workers' modules while we check
+    else:
+        worker_start.stop()  # one `tokenflow train` warmed before reading the config
     model = resolve_model_path(cfg.model.path)
+    phases.mark("preflight_start")
     task, tokenizer = prepare(cfg, model)
+    phases.mark("preflight_end")
     rd.create()
     with run_resources(rd.root) as tag:
         try:
@@ -142,8 +180,6 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
 
 
 def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
-    from transformers import AutoTokenizer
-
     from tokenflow.config.loading import to_toml
     from tokenflow.metrics.sinks import build_logger
     from tokenflow.runtime.orchestrator import Orchestrator
@@ -162,42 +198,59 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         if cfg.trainer.lora_rank is not None:  # the adapters resume on the base, not the merged model
             trainer_model = model
         resume_dir = str(ckpt)
-        tokenizer = AutoTokenizer.from_pretrained(trainer_model)
+        from tokenflow.runtime.preflight import load_tokenizer
+
+        tokenizer = load_tokenizer(trainer_model, _fork_context(cfg))
         log.info("resuming %s from step %d", rd.root, version)
     else:
         if resume:
             log.warning("%s holds no complete checkpoint: the run starts again from step 0", rd.root)
         rd.reset()
         rd.config.write_text(to_toml(cfg))
+    phases.mark("run_folder_ready")
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
     reward_spec = task.reward_spec
     if getattr(cfg.task, "env", None):  # multi-turn: the environment's rubric scores whole episodes
         from tokenflow.scoring.episodes import REWARD_SPEC as reward_spec
-    if cfg.runtime.backend == "ray":
-        from tokenflow.runtime.ray_scoring import RayScorerPool
-
-        scorer = RayScorerPool(reward_spec, cfg)
-    else:
-        scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
-    scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
-    logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
-                          resume_step=version + 1 if resume_state is not None else None)
-    backend = None
+    backend = scorer = logger = None
     try:
+        # Workers first: their start-up is the longest, and the rest happens while they load.
+        phases.mark("workers_spawn_start")
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
+        phases.mark("workers_spawned")
+        if cfg.runtime.backend == "ray":
+            from tokenflow.runtime.ray_scoring import RayScorerPool
+
+            scorer = RayScorerPool(reward_spec, cfg)
+        else:
+            scorer = ScorerPool(reward_spec, cfg.runtime.scorer_workers, cfg.runtime.score_timeout_s)
+        scorer = build_scoring(scorer, cfg, trainer_model)  # + teacher / PRM / token scorers, if set
+        phases.mark("scorer_started")
+        logger = build_logger(cfg.metrics, rd.root, rd.root.name, cfg.model_dump(mode="json"),
+                              resume_step=version + 1 if resume_state is not None else None)
+        phases.mark("logger_ready")
         scorers = {f"scorer{i}": pid for i, pid in enumerate(scorer.worker_pids())}
         _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers},
                                  **scorers})
         orch = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
         summary = orch.run()
+        phases.mark("run_end")
     finally:
         if backend is not None:
             backend.shutdown()
-        scorer.close()
-        logger.close()
+        phases.mark("workers_stopped")
+        if scorer is not None:
+            scorer.close()
+        phases.mark("scorer_closed")
+        if logger is not None:
+            logger.close()
+        phases.mark("logger_closed")
         trace.flush()
     summary["run_dir"] = str(rd.root)
+    phases.mark("shutdown_end")
+    summary["phases"] = {"process_start": phases.process_start(),
+                         "marks": phases.relative(getattr(orch, "worker_marks", None))}
     _write_json(rd.summary, summary)
     if trace_dir:
         trace.configure(None, "orchestrator")  # stop tracing this process once the run is over

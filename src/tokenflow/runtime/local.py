@@ -7,9 +7,9 @@ The orchestrator talks to workers only through this small surface (``engines``, 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import queue
 
+from tokenflow.runtime import worker_start
 from tokenflow.runtime.engine_worker import run_engine_worker
 from tokenflow.runtime.messages import Shutdown
 from tokenflow.runtime.trainer_worker import run_trainer_worker
@@ -21,8 +21,14 @@ log = logging.getLogger(__name__)
 class LocalBackend:
     def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
                  resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int | None = None) -> None:
-        ctx = mp.get_context("spawn")
+        # forkserver (default): forked from a server that has imported torch and the worker code
+        # (started before the run's checks, see worker_start); spawn: fresh interpreters.
+        ctx = worker_start.context(cfg.runtime.start_method)
+        env = worker_start.environment() if ctx.get_start_method() == "forkserver" else None
         self.restarts_engines = False  # a dead process stops the run
+        # An engine process starts once per run, with the run's starting weights: it generates
+        # before the trainer is up (EngineWorker.attach_first).
+        self.engines_start_unattached = True
         num_engines = num_engines or cfg.runtime.num_engines
         self.inbox = ctx.Queue()
         self.logs = LogForwarder(ctx)
@@ -31,8 +37,8 @@ class LocalBackend:
         self.engines = []
         for i, q in enumerate(engine_qs):
             name = "engine" if num_engines == 1 else f"engine{i}"
-            h = WorkerHandle(name, run_engine_worker, (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir),
-                             ctx, cmd_q=q, logs=self.logs)
+            args = (engine_model_path, engine_cfg, self.inbox, q, name, trace_dir, False)  # attach_first
+            h = WorkerHandle(name, run_engine_worker, args, ctx, cmd_q=q, logs=self.logs, env=env)
             h.load = 0  # samples in flight on this engine, for routing
             self.engines.append(h)
         trainer_q = ctx.Queue()
@@ -49,7 +55,7 @@ class LocalBackend:
             self.trainer_ranks.append(WorkerHandle(
                 name, run_trainer_worker, (trainer_model_path, cfg, self.inbox, trainer_q if rank == 0 else None,
                                            engine_qs if rank == 0 else [], resume_dir, name, trace_dir, rank, rdv),
-                ctx, cmd_q=trainer_q if rank == 0 else None, logs=self.logs))
+                ctx, cmd_q=trainer_q if rank == 0 else None, logs=self.logs, env=env))
         self.trainer = self.trainer_ranks[0]
 
     @property

@@ -172,6 +172,15 @@ class WorkerRestarted:
 
 # ---- any worker → orchestrator -------------------------------------------------------------
 @dataclass(frozen=True)
+class WorkerBooted:
+    """A worker is built (imports done, model loaded): its start-up marks (``runtime.phases``,
+    seconds since the epoch), for the run's phase breakdown. Informational only."""
+
+    worker: str
+    marks: dict
+
+
+@dataclass(frozen=True)
 class WorkerFailed:
     worker: str
     error: str

@@ -27,6 +27,7 @@ from tokenflow.evaluation import encode_prompt
 from tokenflow.metrics import trace
 from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime import messages as M
+from tokenflow.runtime import phases
 from tokenflow.runtime.calibration_log import CalibrationLog
 from tokenflow.runtime.learning_signal import SignalWatch
 from tokenflow.runtime.progress import Progress
@@ -73,6 +74,7 @@ class Orchestrator:
         self.t_start = time.monotonic()
         self.prompts: dict[int, object] = {}  # group id -> Prompt, for in-flight groups
         self.trainer_busy = True  # until TrainerReady
+        self.trainer_ready = False  # TrainerReady came (it may come after the window opens)
         self.sync_spec = None  # from TrainerReady; re-sent to an engine that restarts
         self.sync_broken: tuple[float, M.SyncBroken] | None = None  # a failed push awaiting a re-formed group
         self.pending_batch: tuple[list[int], list[int], dict] | None = None  # prompt ids, dropped ids, metrics
@@ -90,6 +92,10 @@ class Orchestrator:
         self.last_msg_from = {h.name: time.monotonic() for h in backend.all_workers}
         self.t_train0: float | None = None
         self._evaluated_at = -1
+        self.worker_marks: dict[str, float] = {}  # start-up marks the workers sent (WorkerBooted)
+        self.booted: set[str] = set()  # workers that sent WorkerBooted
+        self._baseline_pending = False  # the starting model's evaluation runs beside training
+        self.eval_prompts: list = []
         if resume_state is not None:
             self._restore(*resume_state)
 
@@ -201,8 +207,13 @@ class Orchestrator:
             self._show_live()
         elif isinstance(msg, M.Saved):
             self._on_saved(msg)
+        elif isinstance(msg, M.WorkerBooted):
+            self.booted.add(worker)
+            self.worker_marks.update(msg.marks)
         elif isinstance(msg, M.TrainerReady):
+            phases.mark("trainer_ready")
             self.trainer_busy = False
+            self.trainer_ready = True
             self.num_parameters = msg.num_parameters
             self.sync_spec = msg.sync_spec
             for i, engine in enumerate(self.backend.engines):
@@ -255,7 +266,9 @@ class Orchestrator:
 
     # ---- training --------------------------------------------------------------------------
     def maybe_dispatch(self) -> None:
-        if self.trainer_busy or self.step >= self.cfg.run.steps:
+        # Held while the starting model's evaluation is generated and scored: step 1's weights
+        # must not reach an engine that still generates it, and it is logged at step 0.
+        if self.trainer_busy or self.step >= self.cfg.run.steps or self._baseline_pending:
             return
         self.buffer.mark_trainer_waiting()
         batch = self.buffer.take_batch(self.step)
@@ -286,6 +299,8 @@ class Orchestrator:
             self.backend.broadcast(M.SetPaused(True))
         self.trainer_busy = True
         self.last_msg_from[self.backend.trainer.name] = time.monotonic()
+        if step == 1:
+            phases.mark("step1_dispatched")
         self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
 
     def _maybe_unpause(self) -> None:
@@ -355,6 +370,7 @@ class Orchestrator:
         log.debug("checkpoint %s", path)
         self._pending_checkpoint = None
         self.trainer_busy = False
+        self._maybe_unpause()  # blocking mode: a load that landed during the save unpauses nothing
 
     def wait_for(self, condition, what: str, timeout_s: float | None = None) -> None:
         deadline = time.monotonic() + (timeout_s or self.cfg.runtime.worker_timeout_s)
@@ -365,32 +381,57 @@ class Orchestrator:
             self.pump(0.02)
 
     # ---- evaluation ------------------------------------------------------------------------
-    def evaluate(self) -> float:
-        """Held-out greedy accuracy with the weights the engines hold now."""
+    def start_eval(self) -> None:
+        """Send the held-out prompts (greedy) to the engines; :meth:`eval_done` says when every
+        one is scored. The result is for the weights the engines hold while they generate it."""
         prompts = self.task.eval_prompts()[: self.cfg.run.eval_limit]
-        self.eval_results, self.eval_scored = {}, {}
-        with trace.span("orchestrator/eval", n=len(prompts)):
-            for i, p in enumerate(prompts):
-                gid = -(i + 1)  # eval groups live below zero, apart from training groups
-                self.eval_scored[gid] = None
-                self._send_generate(gid, p, "eval", self.eval_params)
-            submitted: set[int] = set()
+        self.eval_prompts, self.eval_results, self.eval_scored = prompts, {}, {}
+        self._eval_submitted: set[int] = set()
+        self._eval_t0 = time.time()
+        for i, p in enumerate(prompts):
+            gid = -(i + 1)  # eval groups live below zero, apart from training groups
+            self.eval_scored[gid] = None
+            self._send_generate(gid, p, "eval", self.eval_params)
 
-            def all_scored() -> bool:
-                for gid, rollouts in list(self.eval_results.items()):
-                    if gid not in submitted:
-                        submitted.add(gid)
-                        p = prompts[-gid - 1]
-                        self.scorer.submit(rollouts, p.text, p.example, group_id=gid, kind="eval")
-                return all(v is not None for v in self.eval_scored.values())
+    def eval_done(self) -> bool:
+        """Submit the held-out groups that came back for scoring; True once all are scored."""
+        for gid, rollouts in list(self.eval_results.items()):
+            if gid not in self._eval_submitted:
+                self._eval_submitted.add(gid)
+                p = self.eval_prompts[-gid - 1]
+                self.scorer.submit(rollouts, p.text, p.example, group_id=gid, kind="eval")
+        return all(v is not None for v in self.eval_scored.values())
 
-            self.wait_for(all_scored, "the held-out evaluation")
+    def finish_eval(self) -> float:
         rewards = [g[0].reward if not g[0].failed else 0.0 for g in self.eval_scored.values()]
+        trace.record("orchestrator/eval", self._eval_t0, time.time() - self._eval_t0, n=len(self.eval_prompts))
         self.eval_scored = {}
         acc = sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
         self.last_eval = acc
         self.progress.set(accuracy=(acc, self.step))
         return acc
+
+    def evaluate(self) -> float:
+        """Held-out greedy accuracy with the weights the engines hold now."""
+        self.start_eval()
+        self.wait_for(self.eval_done, "the held-out evaluation")
+        return self.finish_eval()
+
+    def _poll_baseline(self) -> bool:
+        """The starting model's evaluation runs beside the first training groups (the engines
+        hold version 0 until step 1's weights, which are not sent before it is all generated);
+        once scored it is logged at step 0, before step 1 can be."""
+        if self._baseline_pending and self.eval_done():
+            self._baseline_pending = False
+            self.baseline_accuracy = self.finish_eval()
+            phases.mark("baseline_eval_end")
+            self.logger.log(self.step, {"eval/accuracy": self.baseline_accuracy})
+            log.info("baseline held-out accuracy %.3f", self.baseline_accuracy)
+            self.progress.status(None)
+        return not self._baseline_pending
+
+    def _engines_ready(self) -> bool:
+        return all(h.name in self.booted for h in self.backend.engines)
 
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> dict:
@@ -403,16 +444,24 @@ class Orchestrator:
         t_start = self.t_start = time.monotonic()
         try:
             self.progress.status("starting workers")
-            self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
+            if getattr(self.backend, "engines_start_unattached", False):
+                # The engines generate with the weights they loaded (version 0, or the
+                # checkpoint's) without waiting for the trainer, which loads meanwhile: the
+                # training window opens as soon as they are up.
+                self.wait_for(self._engines_ready, "the engines to load", 600)
+            else:
+                self.wait_for(lambda: not self.trainer_busy, "the trainer to load", 600)
             if hasattr(self.scorer, "ready"):  # token scorers (a teacher) load their models first
                 self.wait_for(self.scorer.ready, "the token scorers to load", 600)
             if self.baseline_accuracy is None:
                 self.progress.status("evaluating the starting model")
-                self.baseline_accuracy = self.evaluate()
-                self.logger.log(self.step, {"eval/accuracy": self.baseline_accuracy})
-                log.info("baseline held-out accuracy %.3f", self.baseline_accuracy)
-            self.progress.status(None)
+                phases.mark("baseline_eval_start")
+                self.start_eval()
+                self._baseline_pending = True
+            else:
+                self.progress.status(None)
             self.t_train0 = time.monotonic()
+            trace.record("orchestrator/window_start", phases.mark("window_start"), 0.0)  # the report's zero
             self.last_step_wall = self.wall_offset
             self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
             self.idle.start(self.engine_totals)
@@ -424,6 +473,7 @@ class Orchestrator:
             while self.step < cfg.run.steps or self._pending_checkpoint is not None:
                 self.admit()
                 self.collect_scored()
+                self._poll_baseline()
                 self.maybe_dispatch()
                 run_trace.tick()
                 self.pump(0.005 if self.scorer.num_pending else 0.02)
@@ -434,16 +484,23 @@ class Orchestrator:
                     self.progress.status(f"evaluating at step {self.step}")
                     self.logger.log(self.step, {"eval/accuracy": self.evaluate()})
                     self.progress.status(None)
+            self.wait_for(self._poll_baseline, "the held-out evaluation")  # done unless nothing trained
             train_wall = self.wall_s()
+            phases.mark("window_end")
+            # The trainer is idle from here: it writes the final checkpoint while the engines load
+            # the last weights and the held-out evaluation runs.
+            self.checkpoint()
             self.wait_for(lambda: min(self.engine_versions.values()) >= self.step, "the final weights")
+            phases.mark("final_weights_loaded")
             self.backend.broadcast(M.AbortKind("train"))
             self.group_engine.clear()
             self.progress.status("evaluating the trained model")
             final = self.evaluate()
-            self.progress.status("writing the final checkpoint")
+            phases.mark("final_eval_end")
             self.logger.log(self.step, {"eval/accuracy": final})
-            self.checkpoint()
+            self.progress.status("writing the final checkpoint")
             self.wait_for(lambda: self._pending_checkpoint is None, "the final checkpoint")
+            phases.mark("final_checkpoint_end")
             self.progress.status(None)
             summary = self._summary(final, train_wall, time.monotonic() - t_start)
             self.calibration.write(self.run_dir.calibration, cfg, summary)

@@ -46,15 +46,27 @@ def check_model_folder(path: str) -> None:
         raise InputError(f"{what} holds no weights (model.safetensors or pytorch_model.bin); {hint}")
     if not any((p / name).is_file() for name in _TOKENIZER):
         raise InputError(f"{what} holds no tokenizer files (tokenizer.json or tokenizer.model); {hint}")
-    from tokenflow.engine.models.registry import model_class
+    from tokenflow.engine.models.registry import check_supported
 
     try:
-        model_class(SimpleNamespace(architectures=config.get("architectures"), model_type=config.get("model_type")))
+        check_supported(SimpleNamespace(architectures=config.get("architectures"), model_type=config.get("model_type")))
     except ValueError as e:
         raise InputError(f"{what}: {e}; use a model of a supported architecture") from None
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, ctx=None):
+    """``AutoTokenizer.from_pretrained(path)``, or an ``InputError`` naming the folder.
+
+    With ``ctx``, a fork-server context (``runtime.worker_start``), the tokenizer is loaded in a
+    child forked from the server, which has transformers imported already, and comes back
+    pickled: this process then imports only the tokenizer's class, not the model machinery and
+    torch that ``AutoTokenizer`` pulls in (seconds of CPU that the server's own imports, running
+    at the same time, would otherwise share two cores with). The object is the one
+    ``AutoTokenizer`` built, whole."""
+    if ctx is not None:
+        tokenizer = _load_in_child(path, ctx)
+        if tokenizer is not None:
+            return tokenizer
     from transformers import AutoTokenizer
 
     try:
@@ -63,6 +75,57 @@ def load_tokenizer(path: str):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"cannot load the tokenizer from {path!r} ({first}); "
                          "the folder needs tokenizer.json (or tokenizer.model) and tokenizer_config.json") from None
+
+
+def _tokenizer_child(conn, path: str, env: dict) -> None:
+    from tokenflow.runtime.worker_start import apply_environment
+
+    apply_environment(env)
+    from tokenflow.runtime import phases
+
+    try:
+        tokenizer = load_tokenizer(path)
+        phases.mark("tokenizer/loaded")
+        conn.send(("ok", tokenizer, phases.worker_marks("tokenizer")))
+    except InputError as e:
+        conn.send(("input", str(e), {}))
+    except Exception as e:  # noqa: BLE001 - the parent loads it itself and reports
+        conn.send(("failed", f"{type(e).__name__}: {e}", {}))
+    conn.close()
+
+
+def _load_in_child(path: str, ctx):
+    """The tokenizer from a forked child; None if that did not work (the caller loads it itself)."""
+    from tokenflow.runtime.worker_start import environment
+
+    try:  # the generic class's module, imported while the fork server finishes its own imports
+        import transformers.tokenization_utils_tokenizers  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - unpickling imports what it needs
+        pass
+    try:
+        reader, writer = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_tokenizer_child, args=(writer, path, environment()),
+                            name="tokenflow-tokenizer", daemon=True)
+        child.start()
+        writer.close()
+        try:
+            kind, payload, marks = reader.recv()
+        finally:
+            reader.close()
+            child.join(10)
+    except Exception as e:  # noqa: BLE001 - EOF (the child died), no fork server: load it here
+        log.debug("loading the tokenizer in a forked child failed (%s); loading it here", e)
+        return None
+    from tokenflow.runtime import phases
+
+    for name, t in marks.items():  # when the fork server was ready (the child's start), for the breakdown
+        phases.mark(name, t)
+    if kind == "input":
+        raise InputError(payload)
+    if kind != "ok":
+        log.debug("loading the tokenizer in a forked child failed (%s); loading it here", payload)
+        return None
+    return payload
 
 
 def check_reward(task) -> None:

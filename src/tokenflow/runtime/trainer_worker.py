@@ -25,6 +25,7 @@ from tokenflow.runtime.messages import (
     Train,
     Trained,
     TrainerReady,
+    WorkerBooted,
 )
 from tokenflow.runtime.workers import ParentWatch, worker_main
 
@@ -72,6 +73,9 @@ class TrainerWorker:
                  name: str = "trainer", trace_dir: str | None = None, rank: int = 0, rendezvous=None) -> None:
         from transformers import AutoTokenizer
 
+        from tokenflow.runtime import phases
+
+        phases.mark(f"{name}/imported")
         trace.configure(trace_dir, name)
         self.name, self.out_q, self.cmd_q, self.engine_qs, self.cfg = name, out_q, cmd_q, engine_qs, cfg
         self.rank, self.group, self.sender = rank, None, None
@@ -129,6 +133,10 @@ class TrainerWorker:
         if self.cfg.sync.transport == "broadcast":  # a push then sends the weights where they are
             self.trainer.place_weights(self.sender.spec.layout)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
+        from tokenflow.runtime import phases
+
+        phases.mark(f"{self.name}/loaded")
+        self.out_q.put(Envelope(self.name, WorkerBooted(self.name, phases.worker_marks(self.name))))
         self.out_q.put(Envelope(self.name, TrainerReady(self.trainer.version, self.sender.spec, n_params)))
         self.sender.connect()
 

@@ -52,11 +52,16 @@ def worker_main(name: str, out_q, body) -> None:
         raise SystemExit(1) from None
 
 
-def _forwarded_entry(log_q, level: int, target, args: tuple) -> None:
-    """A spawned worker's first code: route every log record to the parent, then run ``target``."""
-    root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(log_q)]
-    root.setLevel(level)
+def _forwarded_entry(log_q, level: int, target, args: tuple, env: dict | None = None) -> None:
+    """A started worker's first code: take on the parent's environment (a fork server's child
+    has the server's), route every log record to the parent, then run ``target``."""
+    from tokenflow.runtime.worker_start import apply_environment
+
+    apply_environment(env)
+    if log_q is not None:
+        root = logging.getLogger()
+        root.handlers[:] = [logging.handlers.QueueHandler(log_q)]
+        root.setLevel(level)
     target(*args)
 
 
@@ -103,12 +108,13 @@ class WorkerHandle:
     """A spawned worker process and its command queue."""
 
     def __init__(self, name: str, target, args: tuple, ctx=None, cmd_q=None,
-                 logs: LogForwarder | None = None) -> None:
+                 logs: LogForwarder | None = None, env: dict | None = None) -> None:
         ctx = ctx or mp.get_context("spawn")
         self.name = name
         self.cmd_q = cmd_q if cmd_q is not None else ctx.Queue()
-        if logs is not None:
-            target, args = _forwarded_entry, (logs.queue, logs.level, target, args)
+        if logs is not None or env is not None:
+            target, args = _forwarded_entry, (logs.queue if logs else None, logs.level if logs else 0, target,
+                                              args, env)
         self.process = ctx.Process(target=target, args=args, name=f"tokenflow-{name}", daemon=True)
 
     @property

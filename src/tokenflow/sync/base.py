@@ -16,13 +16,14 @@ Every phase is timed; the timings come back as flat ``sync/...`` metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from tokenflow.sync.layout import WeightLayout
 
-NamedTensors = Iterable[tuple[str, torch.Tensor]]
+if TYPE_CHECKING:  # the orchestrator unpickles a SyncSpec (and forwards it) without loading torch
+    import torch
+
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 
 
 @dataclass(frozen=True)

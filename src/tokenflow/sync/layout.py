@@ -8,9 +8,10 @@ zero-copy views out of its own copies of those buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use: the orchestrator unpickles layouts (in a SyncSpec) without it
+    import torch
 
 _ALIGN = 64  # bytes; keeps every view aligned for vectorised copies
 
@@ -40,6 +41,8 @@ class WeightLayout:
 
 
 def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
     return getattr(torch, name)
 
 
@@ -111,6 +114,8 @@ def in_place_bytes(layout: WeightLayout, bucket: int, tensors: list[torch.Tensor
         if (not t.is_contiguous() or t.untyped_storage().data_ptr() != storage.data_ptr()
                 or t.data_ptr() - storage.data_ptr() != base + s.offset or str(t.dtype).removeprefix("torch.") != s.dtype):
             return None
+    import torch
+
     raw = torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage)
     return raw[base : base + size]
 
@@ -123,6 +128,8 @@ def allocate_in_buckets(layout: WeightLayout, named_tensors: Iterable[tuple[str,
     in the broadcast's buckets, as Megatron's contiguous parameter buffers do: a weight push
     then sends them without packing. A name that appears twice (tied weights) keeps its first
     place; the bucket holding the second is packed as usual."""
+    import torch
+
     buckets = [torch.zeros(n, dtype=torch.uint8, device=device) for n in layout.bucket_sizes]
     placed = views(layout, buckets)
     out = {}

@@ -1,45 +1,63 @@
-"""Which model class serves a Hugging Face config (by ``architectures``, then ``model_type``)."""
+"""Which model class serves a Hugging Face config (by ``architectures``, then ``model_type``).
+
+The tables name classes as ``"module:Class"`` targets, imported (with torch) only when a class
+is asked for: ``check_supported`` answers from the names alone."""
 
 from __future__ import annotations
 
-from tokenflow.engine.models.llama import LlamaForCausalLM
-from tokenflow.engine.models.mistral import MistralForCausalLM
-from tokenflow.engine.models.mixtral import MixtralForCausalLM
-from tokenflow.engine.models.qwen2 import Qwen2ForCausalLM
-from tokenflow.engine.models.qwen2_moe import Qwen2MoeForCausalLM
-from tokenflow.engine.models.qwen3 import Qwen3ForCausalLM
-from tokenflow.engine.models.qwen3_moe import Qwen3MoeForCausalLM
+import importlib
 
-ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
+_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "qwen3:Qwen3ForCausalLM",
+    "MistralForCausalLM": "mistral:MistralForCausalLM",
+    "Qwen3MoeForCausalLM": "qwen3_moe:Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "qwen2_moe:Qwen2MoeForCausalLM",
+    "MixtralForCausalLM": "mixtral:MixtralForCausalLM",
 }
-MODEL_TYPES: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "qwen2": Qwen2ForCausalLM,
-    "qwen3": Qwen3ForCausalLM,
-    "mistral": MistralForCausalLM,
-    "qwen3_moe": Qwen3MoeForCausalLM,
-    "qwen2_moe": Qwen2MoeForCausalLM,
-    "mixtral": MixtralForCausalLM,
+_MODEL_TYPES: dict[str, str] = {
+    "llama": "llama:LlamaForCausalLM",
+    "qwen2": "qwen2:Qwen2ForCausalLM",
+    "qwen3": "qwen3:Qwen3ForCausalLM",
+    "mistral": "mistral:MistralForCausalLM",
+    "qwen3_moe": "qwen3_moe:Qwen3MoeForCausalLM",
+    "qwen2_moe": "qwen2_moe:Qwen2MoeForCausalLM",
+    "mixtral": "mixtral:MixtralForCausalLM",
 }
 
 
-def model_class(config) -> type[LlamaForCausalLM]:
-    """The engine's class for ``config``, or a ValueError naming the supported ones."""
+def _load(target: str):
+    module, name = target.split(":")
+    return getattr(importlib.import_module(f"tokenflow.engine.models.{module}"), name)
+
+
+def __getattr__(name: str):
+    """``ARCHITECTURES`` / ``MODEL_TYPES``: the tables with the classes themselves (imports torch)."""
+    table = {"ARCHITECTURES": _ARCHITECTURES, "MODEL_TYPES": _MODEL_TYPES}.get(name)
+    if table is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = {k: _load(v) for k, v in table.items()}
+    globals()[name] = value
+    return value
+
+
+def check_supported(config) -> str:
+    """The ``"module:Class"`` target that serves ``config``, or a ValueError naming the
+    supported architectures (no import of the model code)."""
     for arch in getattr(config, "architectures", None) or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
+        if arch in _ARCHITECTURES:
+            return _ARCHITECTURES[arch]
     model_type = getattr(config, "model_type", None)
-    if model_type in MODEL_TYPES:
-        return MODEL_TYPES[model_type]
+    if model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
     raise ValueError(
         f"unsupported architecture {getattr(config, 'architectures', None)} "
         f"(model_type {model_type!r}); the built-in engine supports "
-        f"{', '.join(ARCHITECTURES)} (model_type {', '.join(MODEL_TYPES)})"
+        f"{', '.join(_ARCHITECTURES)} (model_type {', '.join(_MODEL_TYPES)})"
     )
+
+
+def model_class(config):
+    """The engine's class for ``config``, or a ValueError naming the supported ones."""
+    return _load(check_supported(config))

@@ -1,0 +1,76 @@
+"""Start-up and the end of a run (docs/architecture.md, "Start-up and the end of a run"): the
+fork server, the torch-free orchestrator, engines that start before the trainer, and the order
+the baseline evaluation and step 1 keep."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+
+from tests.runtime.helpers import SMALL, small_config
+from tokenflow.metrics.sinks import read_jsonl
+from tokenflow.runtime import worker_start
+from tokenflow.runtime.launch import train
+from tokenflow.runtime.workers import WorkerHandle
+
+
+def test_the_orchestrators_process_never_imports_torch(tmp_path):
+    code = ("import sys, json\n"
+            "from tokenflow.cli.main import main\n"
+            f"rc = main(['train', '--output-dir', {str(tmp_path / 'run')!r}, '--json', *{SMALL!r},"
+            " '--run.steps', '2', '--metrics.sinks', '[\"jsonl\", \"tensorboard\"]'])\n"
+            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules,"
+            " 'transformers_models': 'transformers.modeling_utils' in sys.modules}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"rc": 0, "torch": False, "transformers_models": False}, out.stderr[-2000:]
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def _env_of(q, name):
+    q.put(os.environ.get(name))
+
+
+def test_a_forked_worker_takes_on_the_orchestrators_environment_of_now():
+    worker_start.warm("forkserver")  # started before the variable is set, as a run's server is
+    os.environ["TOKENFLOW_TEST_LATE_VAR"] = "set after the server started"
+    try:
+        ctx = worker_start.context("forkserver")
+        q = ctx.Queue()
+        h = WorkerHandle("probe", _env_of, (q, "TOKENFLOW_TEST_LATE_VAR"), ctx, env=worker_start.environment())
+        h.start()
+        assert q.get(timeout=120) == "set after the server started"
+        h.stop(30)
+        assert h.process.exitcode == 0
+    finally:
+        del os.environ["TOKENFLOW_TEST_LATE_VAR"]
+
+
+def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_path):
+    summary = train(small_config("--run.steps", "3"), tmp_path / "run")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert "eval/accuracy" in rows[0] and rows[0]["step"] == 0  # step 0's evaluation comes first
+    assert [r["step"] for r in rows if "loss/total" in r] == [1, 2, 3]
+    marks = summary["phases"]["marks"]
+    for name in ("preflight_end", "workers_spawned", "engine/loaded", "trainer/loaded", "window_start",
+                 "baseline_eval_end", "step1_dispatched", "window_end", "final_eval_end",
+                 "final_checkpoint_end", "shutdown_end"):
+        assert name in marks, name
+    # The window opens once the engine is loaded; step 1 waits for the trainer and the baseline.
+    assert marks["engine/loaded"] <= marks["window_start"] <= marks["step1_dispatched"]
+    assert max(marks["trainer_ready"], marks["baseline_eval_end"]) <= marks["step1_dispatched"]
+    assert summary["baseline_accuracy"] is not None and summary["steps"] == 3
+
+
+def test_spawned_workers_still_train(tmp_path):
+    summary = train(small_config("--run.steps", "2", "--runtime.start_method", "spawn"), tmp_path / "run")
+    assert summary["steps"] == 2 and summary["baseline_accuracy"] is not None
+
+
+def test_context_falls_back_to_spawn():
+    assert worker_start.context("spawn").get_start_method() == "spawn"
+    if "forkserver" in mp.get_all_start_methods():
+        assert worker_start.context("forkserver").get_start_method() == "forkserver"
