@@ -12,7 +12,10 @@ Admission control is where backpressure comes from. A group may be admitted only
 consumed ``prompts_per_step`` at a time, oldest admission first, so a rollout admitted under
 version ``v`` is consumed by a step no later than ``v + max_staleness`` unless a straggler is
 overtaken by younger groups — which is what version rejection (``max_token_age``) and the
-trainer's importance-sampling corrections are for. In other words the usual rule "at most
+trainer's importance-sampling corrections are for. ``batch_order`` says whether that may happen:
+"ready" takes the oldest groups already scored (a straggler is overtaken), "admission" takes the
+``prompts_per_step`` oldest admitted groups and waits until they are all scored (none is, and no
+token is older than ``max_staleness``). In other words the usual rule "at most
 (K + 1) × rollouts-per-step admitted and not yet consumed" holds, where a slot is freed only
 once the trainer has consumed its rollout *and* the weights produced by that step are live in
 the engine — so with ``max_staleness = 0`` nothing is generated before the new weights arrive:
