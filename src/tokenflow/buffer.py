@@ -108,7 +108,7 @@ class RolloutBuffer:
 
     def __init__(self, prompts_per_step: int, group_size: int, max_staleness: int,
                  max_token_age: int | None = None, dynamic_sampling: DynamicSampling | None = None,
-                 batch_order: str = "admission") -> None:
+                 batch_order: str = "ready") -> None:
         if batch_order not in ("admission", "ready"):
             raise ValueError(f"batch_order must be 'admission' or 'ready', not {batch_order!r}")
         self.batch_order = batch_order
