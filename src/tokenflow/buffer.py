@@ -12,7 +12,10 @@ Admission control is where backpressure comes from. A group may be admitted only
 consumed ``prompts_per_step`` at a time, oldest admission first, so a rollout admitted under
 version ``v`` is consumed by a step no later than ``v + max_staleness`` unless a straggler is
 overtaken by younger groups — which is what version rejection (``max_token_age``) and the
-trainer's importance-sampling corrections are for. In other words the usual rule "at most
+trainer's importance-sampling corrections are for. ``batch_order`` says whether that may happen:
+"ready" takes the oldest groups already scored (a straggler is overtaken), "admission" takes the
+``prompts_per_step`` oldest admitted groups and waits until they are all scored (none is, and no
+token is older than ``max_staleness``). In other words the usual rule "at most
 (K + 1) × rollouts-per-step admitted and not yet consumed" holds, where a slot is freed only
 once the trainer has consumed its rollout *and* the weights produced by that step are live in
 the engine — so with ``max_staleness = 0`` nothing is generated before the new weights arrive:
@@ -28,6 +31,7 @@ The buffer is plain Python with no locks: the orchestrator owns it and calls it 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -103,7 +107,11 @@ class RolloutBuffer:
     """Bounded, version-aware buffer of scored rollout groups. See the module docstring."""
 
     def __init__(self, prompts_per_step: int, group_size: int, max_staleness: int,
-                 max_token_age: int | None = None, dynamic_sampling: DynamicSampling | None = None) -> None:
+                 max_token_age: int | None = None, dynamic_sampling: DynamicSampling | None = None,
+                 batch_order: str = "ready") -> None:
+        if batch_order not in ("admission", "ready"):
+            raise ValueError(f"batch_order must be 'admission' or 'ready', not {batch_order!r}")
+        self.batch_order = batch_order
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -187,7 +195,7 @@ class RolloutBuffer:
         older than ``max_token_age``; the trainer drops those tokens from the loss.
         """
         now = time.monotonic() if now is None else now
-        if len(self.ready) < self.prompts_per_step:
+        if not self._batch_ready():
             if self._starved_since is None:
                 self._starved_since = now
             return None
@@ -214,9 +222,19 @@ class RolloutBuffer:
             self.last_batch_dropped = self.dynamic_sampling.batch_taken()
         return batch
 
+    def _batch_ready(self) -> bool:
+        """Whether a batch can be taken now: ``prompts_per_step`` ready groups ("ready"), or the
+        ``prompts_per_step`` oldest admitted groups all ready ("admission")."""
+        if len(self.ready) < self.prompts_per_step:
+            return False
+        if self.batch_order == "ready":
+            return True
+        oldest = list(itertools.islice(self.in_flight, self.prompts_per_step))
+        return all(gid in self.ready for gid in oldest)
+
     def mark_trainer_waiting(self, now: float | None = None) -> None:
         """The trainer is idle: start counting batch wait if the buffer cannot serve it."""
-        if len(self.ready) < self.prompts_per_step and self._starved_since is None:
+        if not self._batch_ready() and self._starved_since is None:
             self._starved_since = time.monotonic() if now is None else now
 
     # ---- reporting and checkpoints ---------------------------------------------------------

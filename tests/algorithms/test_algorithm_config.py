@@ -13,7 +13,6 @@ from tokenflow.algorithms import AlgorithmConfig
     (dict(is_mask_low=2.0, is_mask_high=1.0), ["is_mask_low", "is_mask_high"]),
     (dict(behaviour_logprobs=False, tis_cap=2.0), ["tis_cap", "behaviour_logprobs"]),
     (dict(behaviour_logprobs=False, opsm_delta=0.1), ["opsm_delta", "behaviour_logprobs"]),
-    (dict(behaviour_logprobs=False, objective="decoupled"), ["decoupled", "behaviour_logprobs"]),
     (dict(value_clip=0.2), ["value_clip", "gae"]),
 ])
 def test_refused_with_field_names(kwargs, fields):
@@ -21,6 +20,14 @@ def test_refused_with_field_names(kwargs, fields):
         AlgorithmConfig(**kwargs)
     for f in fields:
         assert f in str(e.value)
+
+
+@pytest.mark.parametrize("objective", ["direct", "decoupled"])
+def test_without_behaviour_logprobs_either_objective_is_accepted(objective):
+    """Without μ both objectives clip π_θ/π_prox with no weight; the default (decoupled) must not
+    make ``behaviour_logprobs = false`` alone a refused config."""
+    assert AlgorithmConfig(behaviour_logprobs=False, objective=objective).needs_prox_pass
+    assert AlgorithmConfig(behaviour_logprobs=False).objective == "decoupled"
 
 
 @pytest.mark.parametrize("kwargs", [dict(clip_low=1.0), dict(tis_cap=0.0), dict(advantage="ppo"),

@@ -25,13 +25,13 @@ def corr(cfg, adv=None, prox=None):
 
 
 def test_no_corrections_is_identity_for_direct():
-    c = corr(AlgorithmConfig())
+    c = corr(AlgorithmConfig(objective="direct"))
     assert c.weight.tolist() == [1.0] * 6 and c.keep.all()
     torch.testing.assert_close(torch.exp(c.log_w), W)
 
 
 def test_tis_direct_caps_the_effective_weight():
-    c = corr(AlgorithmConfig(tis_cap=2.0))
+    c = corr(AlgorithmConfig(objective="direct", tis_cap=2.0))
     # Direct: ρ already holds w, so the factor is min(1, C/w): effective weight min(w, C).
     torch.testing.assert_close(c.weight, torch.tensor([1, 1, 0.5, 1, 1, 1], dtype=torch.float64))
     torch.testing.assert_close(c.weight * W, torch.clamp(W, max=2.0))
@@ -44,6 +44,9 @@ def test_tis_decoupled_weight_is_min_w_c():
     torch.testing.assert_close(c.weight, torch.clamp(W, max=2.0))
     c = corr(AlgorithmConfig(objective="decoupled"), prox=LOGP)
     torch.testing.assert_close(c.weight, W)  # untruncated importance weight
+    # Without π_prox given, it is π_θ's value (one optimizer step per batch): the same weights.
+    torch.testing.assert_close(corr(AlgorithmConfig(objective="decoupled", tis_cap=2.0)).weight,
+                               torch.clamp(W, max=2.0))
 
 
 def test_is_masking_bounds_are_inclusive():
@@ -72,7 +75,7 @@ def test_version_rejection():
 
 def test_corrections_combine_in_the_objective():
     """TIS + IS mask + OPSM in one loss: the result equals a loop over tokens."""
-    cfg = AlgorithmConfig(policy_loss="ppo", clip_low=0.01, clip_high=10.0, tis_cap=2.0,
+    cfg = AlgorithmConfig(policy_loss="ppo", objective="direct", clip_low=0.01, clip_high=10.0, tis_cap=2.0,
                           is_mask_high=3.0, opsm_delta=0.2)
     adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
     logp = LOGP.clone().requires_grad_()
@@ -95,7 +98,7 @@ def test_direct_ratio_is_against_behaviour_and_decoupled_against_prox():
     adv = torch.ones(6, dtype=torch.float64)
     weights = token_weights("token_mean", MASK, SEQ, torch.tensor([3, 3]), GlobalCounts(6, 2)).double()
     common = dict(behaviour=BEHAVIOUR, advantages=adv, mask=MASK, weights=weights, seq_index=SEQ, num_seqs=2)
-    big = AlgorithmConfig(clip_low=0.99, clip_high=100.0)
+    big = AlgorithmConfig(clip_low=0.99, clip_high=100.0, objective="direct")
     direct = micro_batch_loss(big, TokenInputs(logprobs=LOGP, **common))
     assert direct.policy.item() == pytest.approx(-W.mean().item())  # −mean(ρ·A), ρ = w
     # Decoupled with π_prox = π_θ: ρ = 1, weight w → the same value, but through w, not ρ.
@@ -105,3 +108,27 @@ def test_direct_ratio_is_against_behaviour_and_decoupled_against_prox():
     assert dec.policy.item() == pytest.approx(-W.mean().item())
     dec.policy.backward()
     torch.testing.assert_close(logp.grad, -W / 6)
+    # π_prox left out is π_θ's value: the same loss and gradient.
+    logp2 = LOGP.clone().requires_grad_()
+    dec2 = micro_batch_loss(dec_cfg, TokenInputs(logprobs=logp2, **common))
+    assert dec2.policy.item() == pytest.approx(dec.policy.item())
+    dec2.policy.backward()
+    torch.testing.assert_close(logp2.grad, logp.grad)
+
+
+def test_under_staleness_direct_clips_what_decoupled_trains():
+    """The reason decoupled is the default: a token whose probability rose while its rollout
+    waited (w = 4 > 1 + ε) with a positive advantage gets no gradient from the direct
+    objective, whose clip is anchored at μ, but the weighted gradient from the decoupled one."""
+    adv = torch.ones(6, dtype=torch.float64)
+    weights = token_weights("token_mean", MASK, SEQ, torch.tensor([3, 3]), GlobalCounts(6, 2)).double()
+    grads = {}
+    for objective in ("direct", "decoupled"):
+        logp = LOGP.clone().requires_grad_()
+        micro_batch_loss(AlgorithmConfig(objective=objective), TokenInputs(
+            logprobs=logp, behaviour=BEHAVIOUR, advantages=adv, mask=MASK, weights=weights, seq_index=SEQ,
+            num_seqs=2)).policy.backward()
+        grads[objective] = logp.grad
+    # w = 0.5, 1, 4 | 1, 2, 0.25; ε = 0.2: direct clips w = 4 and w = 2 (A > 0).
+    torch.testing.assert_close(grads["direct"], -torch.tensor([0.5, 1, 0, 1, 0, 0.25], dtype=torch.float64) / 6)
+    torch.testing.assert_close(grads["decoupled"], -W / 6)

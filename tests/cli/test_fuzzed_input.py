@@ -92,7 +92,6 @@ CONFLICTS = [
     ["--algorithm.advantage", "dr_grpo", "--algorithm.scale_std", "true"],
     ["--algorithm.is_mask_low", "2.0", "--algorithm.is_mask_high", "1.5"],
     ["--algorithm.behaviour_logprobs", "false", "--algorithm.tis_cap", "2.0"],
-    ["--algorithm.behaviour_logprobs", "false", "--algorithm.objective", "decoupled"],
     ["--algorithm.kl_in_reward", "true", "--algorithm.kl_coef", "0"],
     ["--algorithm.kl_in_reward", "true", "--algorithm.kl_coef", "0.1", "--algorithm.advantage", "grpo"],
     ["--algorithm.value_clip", "0.2", "--algorithm.advantage", "grpo"],

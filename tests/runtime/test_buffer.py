@@ -52,7 +52,7 @@ def test_synchronous_budget_waits_for_every_group_of_the_step():
 
 
 def test_batch_takes_oldest_ready_groups_and_records_token_ages():
-    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=2, max_token_age=1)
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=2, max_token_age=1, batch_order="ready")
     admit_all(buf)
     buf.put(group(3, [0, 0, 1]))
     buf.put(group(1, [0, 1]))
@@ -66,6 +66,42 @@ def test_batch_takes_oldest_ready_groups_and_records_token_ages():
     m = buf.metrics()
     assert m["buffer/token_age_max"] == 2.0
     assert m["buffer/token_age_mean"] == pytest.approx((2 * 2 + 1 * 6) / 8)
+
+
+def test_admission_order_waits_for_the_oldest_groups_so_no_token_is_older_than_k():
+    k = 2
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=k, batch_order="admission")
+    assert admit_all(buf) == [0, 1, 2, 3, 4, 5]
+    for gid in (1, 2, 3, 4, 5):  # group 0 is the straggler
+        buf.put(group(gid, [0]))
+    assert buf.take_batch(0, now=10.0) is None  # younger groups do not overtake it
+    buf.put(group(0, [0, 0]))
+    assert [g[0].group_id for g in buf.take_batch(0, now=12.5)] == [0, 1]
+    assert buf.stats.batch_wait_s == pytest.approx(2.5)
+    assert [g[0].group_id for g in buf.take_batch(1)] == [2, 3]
+    # Each step's batch is the step's own admission slot: group g goes to step g // 2 at the
+    # latest version its admission allowed, so its tokens are at most K versions old.
+    buf.set_engine_version(1)
+    assert admit_all(buf, start=6) == [6, 7]
+    buf.put(group(7, [1]))
+    assert [g[0].group_id for g in buf.take_batch(2)] == [4, 5]
+    assert buf.take_batch(3) is None
+    buf.put(group(6, [1]))
+    assert [g[0].group_id for g in buf.take_batch(3)] == [6, 7]
+    assert max(buf.stats.age_histogram) <= k
+
+
+def test_ready_order_lets_younger_groups_overtake_a_straggler():
+    buf = RolloutBuffer(prompts_per_step=2, group_size=2, max_staleness=1, batch_order="ready")
+    admit_all(buf)
+    buf.put(group(1, [0]))
+    buf.put(group(2, [0]))
+    assert [g[0].group_id for g in buf.take_batch(0)] == [1, 2]
+
+
+def test_unknown_batch_order_is_refused():
+    with pytest.raises(ValueError, match="batch_order"):
+        RolloutBuffer(prompts_per_step=1, group_size=2, max_staleness=0, batch_order="fifo")
 
 
 def test_put_refuses_unknown_groups():

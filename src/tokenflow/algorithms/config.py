@@ -52,14 +52,19 @@ class AlgorithmConfig(ConfigModel):
     """"ppo" (clipped token ratio), "gspo" (clipped sequence ratio, geometric mean of the token
     ratios) or "cispo" (clipped, stop-gradient ratio times log π_θ)."""
 
-    objective: Literal["direct", "decoupled"] = "direct"
-    """Which ratio is clipped. "direct": ρ = π_θ/μ against the engine's behaviour log-probs, no
-    extra forward pass. "decoupled": ρ = π_θ/π_prox, and each token's loss is multiplied by the
-    detached weight w = π_prox/μ (one extra forward pass per step for π_prox)."""
+    objective: Literal["direct", "decoupled"] = "decoupled"
+    """Which ratio is clipped. "decoupled" (AReaL): ρ = π_θ/π_prox, the trust region around the
+    weights at the start of the step, and each token's loss is multiplied by the detached
+    behaviour weight w = π_prox/μ (truncated by tis_cap). "direct": ρ = π_θ/μ, clipped against
+    the engine's behaviour log-probs, so under staleness the clip also cuts the gradient of tokens
+    whose probability moved while the rollout waited (docs/algorithms.md, "Why decoupled is the
+    default"). Neither needs an extra forward pass: one train_step is one optimizer step, so
+    π_prox is the step's own forward, detached (a stochastic forward, LoRA dropout, gets a pass)."""
 
     behaviour_logprobs: bool = True
     """The engine records per-token behaviour log-probs. Set false for an engine that cannot;
-    then μ is replaced by π_prox (an extra forward pass) and no off-policy correction applies."""
+    then μ is replaced by π_prox (an extra forward pass), no off-policy correction applies, and
+    both objectives are the same (ρ = π_θ/π_prox, no weight)."""
 
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     """ε_low: the ratio is clipped below at 1 − clip_low."""
@@ -178,10 +183,9 @@ class AlgorithmConfig(ConfigModel):
                 f"algorithm.is_mask_low ({lo}) must be below algorithm.is_mask_high ({hi})"
             )
         if not self.behaviour_logprobs:
+            # Either objective is fine: without μ both clip π_θ/π_prox and no weight applies.
             needs = [n for n in ("tis_cap", "is_mask_low", "is_mask_high", "opsm_delta")
                      if getattr(self, n) is not None]
-            if self.objective == "decoupled":
-                needs.append('objective="decoupled"')
             if needs:
                 raise ValueError(
                     f"algorithm.{', algorithm.'.join(needs)} need(s) the engine's behaviour "
@@ -231,5 +235,7 @@ class AlgorithmConfig(ConfigModel):
 
     @property
     def needs_prox_pass(self) -> bool:
-        """Whether a no-grad forward pass for π_prox is needed before the step."""
+        """Whether the loss reads π_prox (the decoupled objective, or no behaviour log-probs).
+        The trainer reads it off the step's own forward when it can (``Trainer.prox_from_forward``)
+        and runs a no-grad pass before the step otherwise."""
         return self.objective == "decoupled" or not self.behaviour_logprobs

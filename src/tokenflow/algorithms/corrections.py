@@ -62,11 +62,13 @@ def apply_corrections(cfg: AlgorithmConfig, *, logprobs: torch.Tensor, behaviour
     """Behaviour weights and drop decisions for one micro-batch's tokens (all tensors [n]).
 
     ``logprobs`` is log π_θ (its gradient is ignored here), ``behaviour`` log μ, ``prox`` log
-    π_prox (decoupled only), ``mask`` the loss tokens, ``adv`` the advantages.
+    π_prox (decoupled only; None means π_θ's value), ``mask`` the loss tokens, ``adv`` the
+    advantages.
     """
     current = logprobs.detach()
     decoupled = cfg.objective == "decoupled"
-    numerator = prox if decoupled else current
+    # π_prox defaults to π_θ's value: one optimizer step per batch (see micro_batch_loss).
+    numerator = prox if decoupled and prox is not None else current
     log_w = (numerator - behaviour).clamp(-_MAX_LOG_W, _MAX_LOG_W)
     w = torch.exp(log_w)
     weight = w.clone() if decoupled else torch.ones_like(w)

@@ -22,6 +22,7 @@ its entropy or fitting a value to it would train on the same data the policy ter
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,9 @@ class TokenInputs:
     """Sequence of each token, 0..num_seqs-1 within the micro-batch."""
     num_seqs: int
     prox: torch.Tensor | None = None
-    """log π_prox(a_t), detached (decoupled objective, or no behaviour log-probs)."""
+    """log π_prox(a_t), detached (decoupled objective, or no behaviour log-probs). With the
+    decoupled objective and behaviour log-probs, None means ``logprobs`` detached: the step's
+    forward ran with the start-of-step weights."""
     entropy: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -70,6 +73,10 @@ class LossTerms:
 
 def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | None = None) -> LossTerms:
     """Assemble the configured loss for one micro-batch; add its statistics to ``stats``."""
+    if cfg.behaviour_logprobs and cfg.objective == "decoupled" and t.prox is None:
+        # One optimizer step per batch: π_prox, the weights at the start of the step, are the
+        # weights this forward ran with (Trainer.prox_from_forward).
+        t = dataclasses.replace(t, prox=t.logprobs.detach())
     if cfg.behaviour_logprobs:
         old = t.prox if cfg.objective == "decoupled" else t.behaviour
     else:

@@ -128,6 +128,11 @@ class RolloutConfig(ConfigModel):
     """Samples per prompt (the GRPO group, the engine's n)."""
     max_staleness: int = Field(default=2, ge=0)
     """Admission bound K: at most (K+1) × rollouts per step admitted and not yet consumed. 0 = synchronous."""
+    batch_order: Literal["admission", "ready"] = "ready"
+    """Which groups make a step's batch. "admission": the prompts_per_step oldest admitted
+    groups, waiting for all of them, so no token is older than max_staleness. "ready": the
+    oldest prompts_per_step groups already scored; a slow group is overtaken by younger ones
+    and can be trained older than max_staleness."""
 
     @property
     def rollouts_per_step(self) -> int:

@@ -59,7 +59,8 @@ class Orchestrator:
         self.eval_params = SamplingParams(temperature=0.0, max_tokens=s.max_tokens, stop=tuple(s.stop))
         alg = cfg.algorithm
         dynamic = DynamicSampling(alg.dynamic_sampling_max_batches * r.prompts_per_step) if alg.dynamic_sampling else None
-        self.buffer = RolloutBuffer(r.prompts_per_step, r.group_size, r.max_staleness, alg.max_token_age, dynamic)
+        self.buffer = RolloutBuffer(r.prompts_per_step, r.group_size, r.max_staleness, alg.max_token_age, dynamic,
+                                    r.batch_order)
         self.dropped_prompt_ids: list[int] = []  # dropped by dynamic sampling since the last batch
         self.blocking = cfg.engine.update_mode == "blocking"
         self.step = 0

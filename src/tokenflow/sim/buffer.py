@@ -9,7 +9,9 @@ where the engine version is the oldest version any engine has loaded. That is "a
 (K + 1) * rollouts_per_step admitted and not yet consumed", with a slot freed once the trainer
 has consumed its rollout and the weights of that step are live in the engines; so with
 ``max_staleness = 0`` the next batch is generated with the new weights: the synchronous loop.
-The trainer takes ``prompts_per_step`` complete groups, oldest admission first.
+The trainer takes ``prompts_per_step`` complete groups, oldest admission first; with
+``batch_order = "admission"`` it takes the oldest admitted groups and waits until all of them are
+complete.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from tokenflow.sim.workload import LengthSampler
 class SimBuffer:
     def __init__(self, env: simpy.Environment, *, rollouts_per_step: int, max_staleness: int,
                  group_size: int, max_groups: int, sampler: LengthSampler,
-                 dispatch: Callable[[SimGroup], None]) -> None:
+                 dispatch: Callable[[SimGroup], None], batch_order: str = "ready") -> None:
         self.env = env
+        self.batch_order = batch_order
+        self.taken = 0  # groups handed to the trainer (admission order: the next gid to take)
         self.rollouts_per_step = rollouts_per_step
         self.max_staleness = max_staleness
         self.group_size = group_size
@@ -71,7 +75,13 @@ class SimBuffer:
             self.admit()
 
     def _serve(self) -> None:
-        if self._want is not None and len(self.complete) >= self._want[0]:
-            n, ev = self._want
-            self._want = None
-            ev.succeed([heapq.heappop(self.complete)[1] for _ in range(n)])
+        if self._want is None or len(self.complete) < self._want[0]:
+            return
+        n, ev = self._want
+        if self.batch_order == "admission":
+            oldest = heapq.nsmallest(n, self.complete)
+            if [gid for gid, _ in oldest] != list(range(self.taken, self.taken + n)):
+                return  # an older group is still generating
+        self._want = None
+        self.taken += n
+        ev.succeed([heapq.heappop(self.complete)[1] for _ in range(n)])

@@ -170,6 +170,10 @@ class PipelineConfig(ConfigModel):
     max_token_age: int | None = Field(default=None, ge=0)
     """Tokens older than this many optimizer steps are dropped from the loss (wasted);
     None keeps every token."""
+    batch_order: Literal["admission", "ready"] = "ready"
+    """Which complete groups make a batch, as ``rollout.batch_order``: "ready", the oldest
+    complete groups (a slow group is overtaken); "admission", the oldest admitted groups,
+    waiting until they are all complete (no token older than max_staleness)."""
     update_mode: UpdateMode = "inflight"
     """What engines do with running sequences at a weight update."""
     sync_every: int = Field(default=1, ge=1)

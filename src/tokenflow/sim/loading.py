@@ -29,6 +29,7 @@ TRAINING_KEYS: dict[tuple[str, str], tuple[str, str]] = {
     ("rollout", "prompts_per_step"): ("workload", "prompts_per_step"),
     ("rollout", "group_size"): ("workload", "group_size"),
     ("rollout", "max_staleness"): ("pipeline", "max_staleness"),
+    ("rollout", "batch_order"): ("pipeline", "batch_order"),
     ("algorithm", "max_token_age"): ("pipeline", "max_token_age"),
     ("sampling", "max_tokens"): ("workload", "max_tokens"),
     ("engine", "update_mode"): ("pipeline", "update_mode"),

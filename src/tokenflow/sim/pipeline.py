@@ -56,6 +56,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         max_groups=(cfg.sim.steps + _EXTRA_STEPS_ADMITTED) * w.prompts_per_step,
         sampler=LengthSampler(w, cfg.sim.seed),
         dispatch=dispatch,
+        batch_order=p.batch_order,
     )
     for i in range(hw.engines):
         engines.append(SimEngine(env, i, costs=costs, update_mode=p.update_mode,

@@ -211,10 +211,21 @@ class Trainer:
             return None
         return SupportMask.build(mb.support_rows, *mb.support_pairs, vocab)
 
+    @property
+    def prox_from_forward(self) -> bool:
+        """Whether the decoupled objective's π_prox is read off the step's own forward pass
+        (detached) instead of a separate no-grad pass. π_prox is the weights at the start of the
+        step, and one ``train_step`` is one optimizer step: every micro-batch is forwarded with
+        exactly those weights, so the pass would recompute the same numbers. Only a stochastic
+        forward (LoRA dropout) makes the two differ; then the pass runs."""
+        alg = self.algorithm
+        return (alg.objective == "decoupled" and alg.behaviour_logprobs
+                and not (self.is_lora and self.config.lora_dropout > 0))
+
     def _no_grad_pass(self, seqs: list[TrainSequence], n: int):
         """π_prox log-probs (decoupled objective / no behaviour log-probs) and V_old (GAE), per
         rollout, from the weights at the start of the step."""
-        want_prox = self.algorithm.needs_prox_pass
+        want_prox = self.algorithm.needs_prox_pass and not self.prox_from_forward
         if not want_prox and self.value_head is None:
             return None, None
         with span("trainer/prox_logprobs", seqs=len(seqs)):
@@ -302,10 +313,16 @@ class Trainer:
             seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
             weights = token_weights(alg.aggregation, mb.mask, mb.seq_index, seq_tokens, counts,
                                     alg.max_completion_tokens)
+            if prox is not None:
+                prox_t = mb.per_token(prox)
+            elif self.prox_from_forward:
+                prox_t = logp.detach()  # the start-of-step weights are the ones forwarded
+            else:
+                prox_t = None
             inputs = TokenInputs(
                 logprobs=logp, behaviour=mb.behaviour, advantages=mb.per_token(adv.advantages),
                 mask=mb.mask, weights=weights, seq_index=mb.seq_index, num_seqs=mb.num_seqs,
-                prox=mb.per_token(prox) if prox is not None else None, entropy=entropy, ref_logprobs=ref,
+                prox=prox_t, entropy=entropy, ref_logprobs=ref,
                 values=self.value_head(hidden) if self.value_head is not None else None,
                 old_values=mb.per_token(old_values) if old_values is not None else None,
                 returns=mb.per_token(adv.returns) if adv.returns is not None else None,
