@@ -29,6 +29,8 @@ class Workload:
     """A model folder, or "default" (the shipped model)."""
     max_tokens: int
     description: str
+    lr: float = 3e-4
+    """Peak learning rate, both sides (cosine to 0.1 × it)."""
 
 
 @dataclass
@@ -107,10 +109,10 @@ def _env(**extra) -> dict:
 
 def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: int, save_every: int,
                   eval_limit: int | None) -> RunResult:
-    """`tokenflow train` (the preset's run: 16 × 8 samples, lr 3e-4 cosine to 0.1×) on workload ``w``."""
+    """`tokenflow train` (the preset's run: 16 × 8 samples, lr cosine to 0.1×) on workload ``w``."""
     args = [sys.executable, "-m", "tokenflow.cli.main", "train", "--run.output_dir", str(out),
             "--run.steps", str(steps), "--run.seed", str(seed), "--rollout.max_staleness", str(staleness),
-            "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens),
+            "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
             "--run.checkpoint_every", str(save_every), "--run.keep_checkpoints", "1000",
             "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
     if eval_limit:
@@ -143,6 +145,7 @@ def run_trl(python: Path, w: Workload, seed: int, steps: int, out: Path, *, save
     saves = ",".join(str(s) for s in range(save_every, steps, save_every)) if save_every else ""
     args = [str(python), str(Path(__file__).with_name("trl_side.py")), "--model", resolve_model(w.model),
             "--out", str(out), "--steps", str(steps), "--seed", str(seed), "--max-tokens", str(w.max_tokens),
+            "--lr", str(w.lr),
             "--threads", str(threads), "--save-steps", saves]
     t0 = time.perf_counter()
     # Threads that wait sleep instead of spinning: with spinning, two torch threads on a shared
