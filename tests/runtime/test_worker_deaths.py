@@ -4,6 +4,7 @@ says so and changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -101,3 +102,28 @@ def test_a_batch_stuck_in_a_dead_workers_pipe_does_not_hang_the_exit(tmp_path):
 
     r = subprocess.run([sys.executable, "-c", EXIT_AFTER_DEAD_READER], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "exiting" in r.stdout, r.stderr
+
+
+def test_killing_only_the_orchestrator_ends_every_worker_and_the_fork_server(tmp_path):
+    """SIGKILL of the main process alone (not its group): the workers, forked from the fork
+    server, must notice and exit, and the server with them, rather than wait on each other."""
+    import psutil
+
+    run = tmp_path / "run"
+    proc = start_cli([*SMALL, "--output-dir", str(run), "--run.steps", "200", "--runtime.start_method", "forkserver"],
+                     tmp_path / "log")
+    try:
+        wait_until(lambda: len(step_rows(run)) >= 1 if (run / "metrics.jsonl").exists() else False, 240,
+                   "a first step", proc)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 3, [p.cmdline()[-1][:60] for p in tree]  # fork server, engine, trainer...
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        assert not alive, [(p.pid, p.cmdline()[-1][:60]) for p in alive]
+    finally:
+        for p in tree if "tree" in locals() else []:  # nothing of this run outlives the test
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()

@@ -15,9 +15,11 @@ Two things a fork server changes, and how they are kept as with spawn:
   orchestrator's when the worker starts (the run's tag, ``TOKENFLOW_RUN_TAG``, is set later,
   for one). :func:`environment` snapshots the orchestrator's, and the worker's entry puts it in
   place before anything else (``workers._forwarded_entry``).
-* A worker's parent is the server, not the orchestrator. The server exits as soon as the
-  orchestrator is gone (it watches a pipe the orchestrator holds), so a worker still sees its
-  parent change when the orchestrator dies (``workers.ParentWatch``).
+* A worker's parent is the server, not the orchestrator, and the server does not exit while
+  its children live (each inherits the write end of the pipe it watches). So a worker watches
+  the orchestrator's pid, which it gets in its environment (``ORCHESTRATOR_PID``,
+  ``workers.ParentWatch``); once the workers have exited, the server sees its pipe close and
+  exits too.
 
 A forked worker also ends with ``os._exit`` once its queues are flushed, skipping the seconds a
 torch process spends tearing down its interpreter.
@@ -81,9 +83,16 @@ def stop() -> None:
         log.debug("could not stop the fork server: %s", e)
 
 
+ORCHESTRATOR_PID = "TOKENFLOW_ORCHESTRATOR_PID"
+"""Set in a forked worker's environment: the process whose death it must notice
+(``workers.ParentWatch``). Its parent is the fork server, which outlives the orchestrator for
+as long as any child holds the server's liveness pipe — and every forked child does."""
+
+
 def environment() -> dict[str, str]:
-    """This process's environment, for a worker to take on (see the module's docstring)."""
-    return dict(os.environ)
+    """This process's environment, for a worker to take on (see the module's docstring), with
+    this process's pid as the orchestrator's."""
+    return {**os.environ, ORCHESTRATOR_PID: str(os.getpid())}
 
 
 def apply_environment(env: dict[str, str] | None) -> None:

@@ -98,10 +98,25 @@ class ParentWatch:
     """Lets a worker notice that the orchestrator is gone (killed), so it exits instead of lingering."""
 
     def __init__(self) -> None:
+        from tokenflow.runtime.worker_start import ORCHESTRATOR_PID
+
         self.parent = os.getppid()
+        pid = os.environ.get(ORCHESTRATOR_PID)
+        # A worker forked from the fork server: its parent is the server, so watch the
+        # orchestrator itself.
+        self.orchestrator = int(pid) if pid and int(pid) != self.parent else None
 
     def orphaned(self) -> bool:
-        return os.getppid() != self.parent
+        if os.getppid() != self.parent:
+            return True
+        if self.orchestrator is not None:
+            try:
+                os.kill(self.orchestrator, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # alive, under another user (a reused pid, at worst)
+                pass
+        return False
 
 
 class WorkerHandle:
