@@ -65,6 +65,19 @@ def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_
     assert summary["baseline_accuracy"] is not None and summary["steps"] == 3
 
 
+def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
+    """Engine and trainer pinned to a thread each: after the last step the engine takes the
+    trainer's thread for the final evaluation, and not before."""
+    run = tmp_path / "run"
+    summary = train(small_config("--run.steps", "2", "--metrics.trace", "true"), run)
+    events = [e for f in (run / "trace").glob("*.jsonl") for e in read_jsonl(f)]
+    handed = [e for e in events if e.get("name") == "engine/threads"]
+    assert [e["args"]["threads"] for e in handed] == [2]
+    last_step_end = max(e["ts"] + e["dur"] for e in events if e.get("name") == "trainer/step")
+    assert handed[0]["ts"] >= last_step_end
+    assert summary["final_accuracy"] is not None
+
+
 def test_spawned_workers_still_train(tmp_path):
     summary = train(small_config("--run.steps", "2", "--runtime.start_method", "spawn"), tmp_path / "run")
     assert summary["steps"] == 2 and summary["baseline_accuracy"] is not None

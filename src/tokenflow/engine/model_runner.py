@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from tokenflow.engine.kv_cache import KVCache
-from tokenflow.engine.models.attention import AttentionContext
+from tokenflow.engine.models.attention import AttentionContext, decode_split
 from tokenflow.engine.models.llama import LlamaForCausalLM, head_dim_of
 from tokenflow.engine.parked import ParkedEntry, ParkedKV, ParkKey
 from tokenflow.engine.scheduler import Move, Park
@@ -141,6 +141,10 @@ class ModelRunner:
         ctx = AttentionContext("decode", cache=self.cache, rows=torch.arange(batch, device=self.device),
                                positions=positions, length=length,
                                key_bias=key_bias.expand(batch, kv_heads, length).reshape(-1, 1, length))
+        split = decode_split([s.num_tokens for s in seqs])
+        if split is not None:
+            ctx.short_length, long_rows = split
+            ctx.long_rows = self._long(long_rows)
         window = self.model.window
         if window is not None and length > window:
             behind = torch.arange(length, device=self.device)[None, :] <= positions[:, None] - window

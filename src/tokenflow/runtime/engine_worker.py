@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.messages import (
-    AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, Shutdown,
-    WeightsLoaded, WorkerBooted,
+    AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, SetThreads,
+    Shutdown, WeightsLoaded, WorkerBooted,
 )
 from tokenflow.runtime.workers import ParentWatch, worker_main
 
@@ -123,6 +123,11 @@ class EngineWorker:
             self._begin_next()
         elif isinstance(msg, SetPaused):
             self.paused = msg.paused
+        elif isinstance(msg, SetThreads):
+            import torch
+
+            torch.set_num_threads(msg.threads)
+            trace.record("engine/threads", time.time(), 0.0, threads=torch.get_num_threads())
         elif isinstance(msg, AbortKind):
             for rid, g in list(self.groups.items()):
                 if g.msg.kind == msg.kind:

@@ -29,6 +29,8 @@ class LocalBackend:
         # An engine process starts once per run, with the run's starting weights: it generates
         # before the trainer is up (EngineWorker.attach_first).
         self.engines_start_unattached = True
+        # One machine: once the trainer is done, its CPU threads can go to the engines.
+        self.shares_cpus = True
         num_engines = num_engines or cfg.runtime.num_engines
         self.inbox = ctx.Queue()
         self.logs = LogForwarder(ctx)

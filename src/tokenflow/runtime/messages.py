@@ -49,6 +49,14 @@ class SetPaused:
 
 
 @dataclass(frozen=True)
+class SetThreads:
+    """Use this many torch threads: after the last step the trainer's cores are free, and the
+    final evaluation (the engines alone) gets them."""
+
+    threads: int
+
+
+@dataclass(frozen=True)
 class AbortKind:
     """Drop every unfinished request of this kind (e.g. leftover training work before the final eval)."""
 

@@ -42,7 +42,7 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
     for gid in lost:
         del orch.group_engine[gid]
         if gid < 0:
-            prompt, kind, params = orch.task.eval_prompts()[-gid - 1], "eval", orch.eval_params
+            prompt, kind, params = orch.heldout.prompt(gid), "eval", orch.heldout.params
         else:
             prompt, kind = orch.prompts[gid], "train"
             params = dataclasses.replace(orch.train_params, seed=request_seed(orch.cfg.run.seed, prompt.id))

@@ -50,6 +50,11 @@ class AttentionContext:
     """Decode: additive mask [B * kv_heads, 1, length], -inf past each row's end."""
     length: int = 0
     """Decode: positions attended (the longest sequence in the batch)."""
+    short_length: int = 0
+    """Decode, split (:func:`decode_split`): every row but ``long_rows`` ends within this many
+    positions, so the batch attends over only these and the long rows again over ``length``."""
+    long_rows: torch.Tensor | None = None
+    """Decode, split: the rows longer than ``short_length``, [n] (None: no split)."""
     windowed: frozenset[int] = frozenset()
     """Layers with sliding-window attention that need the masks below (empty when every
     sequence of the pass fits in the window)."""
@@ -84,6 +89,31 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
+def decode_split(lengths: list[int]) -> tuple[int, list[int]] | None:
+    """Where to split a decode batch whose lengths are long-tailed: ``(short_length, long_rows)``
+    or None.
+
+    Attention over the strided cache view costs B × L_max, however short most rows are; with a
+    few long samples in a batch of short ones (reasoning RL's straggler tail) most of it is spent
+    on masked positions. Splitting off the j longest rows costs B × l_j for the batch plus about
+    2 × j × L_max for those rows (a copy of their keys/values, then their attention); take the j
+    that costs least, if it saves at least a quarter."""
+    batch = len(lengths)
+    if batch < 8:
+        return None
+    order = sorted(range(batch), key=lengths.__getitem__, reverse=True)
+    longest = lengths[order[0]]
+    full = batch * longest
+    best, best_j = full, 0
+    for j in range(1, batch // 4 + 1):
+        cost = batch * lengths[order[j]] + 2 * j * longest
+        if cost < best:
+            best, best_j = cost, j
+    if best_j == 0 or best > 0.75 * full:
+        return None
+    return lengths[order[best_j]], sorted(order[:best_j])
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
                      layer: int, scale: float) -> torch.Tensor:
     """``q`` [B, H, D], ``k``/``v`` [B, KVH, D] (the new token) -> [B, H * D]."""
@@ -92,18 +122,35 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Att
     v_cache[ctx.rows, :, ctx.positions] = v
     batch, heads, dim = q.shape
     kv_heads = k.shape[1]
-    # Slots and kv heads merge into one batch dim of a strided view (no copy). Grouped-query
-    # attention without repeating K/V: query head h uses kv head h // group.
-    keys = k_cache[:batch, :, : ctx.length].view(batch * kv_heads, ctx.length, dim)
-    values = v_cache[:batch, :, : ctx.length].view(batch * kv_heads, ctx.length, dim)
+    # Grouped-query attention without repeating K/V: query head h uses kv head h // group.
     q = q.reshape(batch * kv_heads, heads // kv_heads, dim)
+    windowed = layer in ctx.windowed
+    bias = ctx.window_bias if windowed else ctx.key_bias
+    split = ctx.long_rows is not None and not windowed
+    length = ctx.short_length if split else ctx.length
+    # Slots and kv heads merge into one batch dim of a strided view (no copy).
+    keys = k_cache[:batch, :, :length].view(batch * kv_heads, length, dim)
+    values = v_cache[:batch, :, :length].view(batch * kv_heads, length, dim)
+    out = _attend(q, keys, values, bias[..., :length], scale)
+    if split:
+        # The long rows again, over every position (their keys gathered: a few rows).
+        rows = ctx.long_rows
+        n = rows.numel()
+        keys = k_cache[:, :, : ctx.length].index_select(0, rows).view(n * kv_heads, ctx.length, dim)
+        values = v_cache[:, :, : ctx.length].index_select(0, rows).view(n * kv_heads, ctx.length, dim)
+        grouped = (batch, kv_heads) + q.shape[1:]
+        long_q = q.view(grouped).index_select(0, rows).view(n * kv_heads, *q.shape[1:])
+        long_bias = bias.view(batch, kv_heads, 1, ctx.length).index_select(0, rows).view(n * kv_heads, 1, ctx.length)
+        out.view(grouped).index_copy_(0, rows, _attend(long_q, keys, values, long_bias, scale).view(n, *grouped[1:]))
+    return out.reshape(batch, heads * dim)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     # baddbmm reads the strided cache view in place, where bmm/matmul first copy it (measured
     # ~1.5x slower on CPU); it also folds in the scale and the mask.
-    bias = ctx.window_bias if layer in ctx.windowed else ctx.key_bias
     scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.baddbmm(ctx.key_bias.new_zeros(1, 1, 1).expand(q.shape), probs, values, beta=0)
-    return out.reshape(batch, heads * dim)
+    return torch.baddbmm(bias.new_zeros(1, 1, 1).expand(q.shape), probs, values, beta=0)
 
 
 def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
