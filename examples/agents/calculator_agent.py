@@ -53,7 +53,11 @@ def solve(base_url: str, example: dict, max_turns: int = 4) -> str:
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             return reply.content or ""
-        for call in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
-                             "content": run_tool(call.function.name, call.function.arguments)})
+        messages += tool_results(reply)
     return ""
+
+
+def tool_results(reply) -> list[dict]:
+    """The tool messages answering each call of a chat reply, in order."""
+    return [{"role": "tool", "tool_call_id": call.id, "name": call.function.name,
+             "content": run_tool(call.function.name, call.function.arguments)} for call in reply.tool_calls]

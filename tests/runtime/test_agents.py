@@ -55,7 +55,7 @@ def recording_agent(base_url: str, example: dict) -> str:
     """The example's calculator agent, asking for token ids and log-probs and keeping them."""
     import sys
     sys.path.insert(0, "examples/agents")
-    from calculator_agent import TOOLS, run_tool
+    from calculator_agent import TOOLS, tool_results
 
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     messages = [{"role": "user", "content": example["prompt"]}]
@@ -73,9 +73,7 @@ def recording_agent(base_url: str, example: dict) -> str:
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             return reply.content or ""
-        for call in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
-                             "content": run_tool(call.function.name, call.function.arguments)})
+        messages += tool_results(reply)
     return ""
 
 

@@ -11,7 +11,7 @@ import queue
 
 from tokenflow.runtime import worker_start
 from tokenflow.runtime.engine_worker import run_engine_worker
-from tokenflow.runtime.messages import Shutdown
+from tokenflow.runtime.messages import SetThreads, Shutdown
 from tokenflow.runtime.trainer_worker import run_trainer_worker
 from tokenflow.runtime.workers import LogForwarder, WorkerHandle
 
@@ -29,9 +29,8 @@ class LocalBackend:
         # An engine process starts once per run, with the run's starting weights: it generates
         # before the trainer is up (EngineWorker.attach_first).
         self.engines_start_unattached = True
-        # One machine: once the trainer is done, its CPU threads can go to the engines.
-        self.shares_cpus = True
         num_engines = num_engines or cfg.runtime.num_engines
+        self._lent_threads = _threads_after_training(cfg, num_engines)
         self.inbox = ctx.Queue()
         self.logs = LogForwarder(ctx)
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
@@ -80,6 +79,12 @@ class LocalBackend:
         for e in self.engines:
             e.send(msg)
 
+    def lend_trainer_threads(self) -> None:
+        """After the last step: the engines take the trainer's CPU threads for the final
+        evaluation (one machine; see :func:`_threads_after_training`)."""
+        if self._lent_threads is not None:
+            self.broadcast(SetThreads(self._lent_threads))
+
     def check(self) -> None:
         for w in [*self.engines, *self.trainer_ranks]:
             w.check()
@@ -97,3 +102,14 @@ class LocalBackend:
             q.cancel_join_thread()
             q.close()
         self.logs.stop()
+
+
+def _threads_after_training(cfg, num_engines: int) -> int | None:
+    """Each engine's torch threads once the trainer is done, or None to leave them: only when
+    both sides are pinned to CPU threads and the engine is the built-in one (the default run's
+    final evaluation: 0.54-0.61 s with one engine thread, 0.42-0.47 s with two)."""
+    e, t = cfg.engine, cfg.trainer
+    if not e.threads or not t.threads or e.backend != "builtin" or "cuda" in (e.device, t.device):
+        return None
+    extra = t.threads * t.world_size // num_engines
+    return e.threads + extra if extra else None

@@ -221,6 +221,10 @@ class RayBackend:
         for e in self.engines:
             e.send(msg)
 
+    def lend_trainer_threads(self) -> None:
+        """Nothing to lend: Ray places the trainer and the engines as separate actors with their
+        own CPUs, often on different nodes."""
+
     def check(self) -> None:
         for w in self._everyone:
             if w.check(self.ray, self.cfg.runtime.worker_timeout_s):
