@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import gc
+import sys
+
 import pytest
 
 from tokenflow.envs.tool_calls import (
@@ -113,3 +117,62 @@ def test_plain_rendering_is_what_a_tiny_model_writes():
     assert render_plain_call("greet", ["Ada", True]) == 'greet("Ada",true)'
     assert render_tool_call("mul", {"a": 1, "b": 2}, "hermes") == \
         '<tool_call>\n{"name": "mul", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+
+
+
+# ---- interleaved parses ----------------------------------------------------------------------------
+
+class _ParsesWhenFreed:
+    """Cyclic garbage whose finalizer parses Python, as another library's thread would: when the
+    collector frees it in the middle of a parse, the two parses interleave."""
+
+    def __init__(self, parse):
+        self.me, self.parse = self, parse
+
+    def __del__(self):
+        self.parse("g(1, [2, 3])", mode="eval")
+
+
+def _failures_under_interleaving(monkeypatch, read, n=200) -> int:
+    """How many of n calls of ``read`` raise SystemError when the first `ast.parse` of each call
+    starts with a `_ParsesWhenFreed` waiting and a collector that runs at nearly every allocation
+    (so it runs, and frees it, while the parse builds its tree)."""
+    real_parse, armed = ast.parse, [False]
+
+    def parse(*args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            _ParsesWhenFreed(real_parse)
+        return real_parse(*args, **kwargs)
+
+    failures, thresholds = 0, gc.get_threshold()
+    with monkeypatch.context() as patch:
+        patch.setattr(ast, "parse", parse)
+        gc.set_threshold(1)
+        try:
+            for _ in range(n):
+                armed[0] = True
+                try:
+                    read()
+                except SystemError:
+                    failures += 1
+        finally:
+            gc.set_threshold(*thresholds)
+    return failures
+
+
+def test_plain_calls_are_read_when_another_parse_interleaves(monkeypatch):
+    """CPython 3.11 counts `ast.parse`'s construction depth in interpreter-wide state, so a parse
+    another one interleaves with fails with a spurious "recursion depth mismatch" SystemError
+    (`tool_calls._parse_expression`). The same interleaving is forced on a bare `ast.parse`, which
+    must fail (or this interpreter does not race, and there is nothing to check), and on reading
+    a plain call, which must not."""
+    bare = _failures_under_interleaving(monkeypatch, lambda: ast.parse("f(12, 34)", mode="eval"))
+    if bare == 0:
+        pytest.skip(f"this interpreter ({sys.version.split()[0]}) does not race")
+    calls = []
+    ours = _failures_under_interleaving(
+        monkeypatch, lambda: calls.append(parse_tool_calls("then\nmul(12, 34)\n", "plain", TOOLS)))
+    assert ours == 0, f"{ours} of 200 reads failed (a bare parse failed {bare} times)"
+    assert calls == [[ToolCall("mul", {"a": 12, "b": 34}, (5, 16))]] * 200

@@ -6,6 +6,9 @@ calls fail their own samples without holding up a group."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import threading
 import time
 
 import numpy as np
@@ -135,10 +138,13 @@ class Raises(CalculatorEnv):
 
 class BlocksItsLoop(CalculatorEnv):
     """Calls a blocking function inside ``async def``: the whole environment loop stalls, so
-    the loop's own timeout cannot fire; the driver's deadline must."""
+    the loop's own timeout cannot fire; the driver's deadline must. The test lets go of it
+    (``released``) once the driver has given up, rather than leave it to wake in a later test."""
+
+    released = threading.Event()
 
     async def step(self, assistant_message):
-        time.sleep(20.0)
+        self.released.wait(20.0)
         return await super().step(assistant_message)
 
 
@@ -150,12 +156,22 @@ class OnlyAdds(CalculatorEnv):
 
 @pytest.mark.parametrize("env,why", [
     ("Hangs", "exceeded"), ("Raises", "calculator service is down"), ("BlocksItsLoop", "blocked")])
-def test_a_broken_environment_fails_its_samples_and_no_group_sticks(tool_model, env, why):
+def test_a_broken_environment_fails_its_samples_and_no_group_sticks(tool_model, env, why, caplog):
     engine = _engine(tool_model)
     params = SamplingParams(temperature=1.0, max_tokens=32, n=2, seed=1)
+    BlocksItsLoop.released.clear()
     t0 = time.monotonic()
     groups = run_episodes(engine, _specs(f"{HERE}:{env}", 3, step_timeout_s=0.3), params)
-    assert time.monotonic() - t0 < 10  # the blocked loop sleeps 20 s: the deadline ended it
+    assert time.monotonic() - t0 < 10  # the blocked loop waits 20 s: the deadline ended it
+    # Once the environment lets go, its loop's thread ends and leaves no task pending.
+    BlocksItsLoop.released.set()
+    for thread in threading.enumerate():
+        if thread.name == "env-loop":
+            thread.join(timeout=5.0)
+            assert not thread.is_alive()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+    assert "destroyed but it is pending" not in caplog.text
     rows = [r for g in groups for r in g]
     assert len(groups) == 3 and all(len(g) == 2 for g in groups)
     stepped = [r for r in rows if r.info["episode"]["finish"] != "stop" or r.failed]

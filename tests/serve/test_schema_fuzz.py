@@ -6,6 +6,10 @@ tokenflow.bench.serve_fuzz` runs the same fuzz with other bounds."""
 from __future__ import annotations
 
 import pytest
+# Imported here, at collection, while this process runs no other thread: pytest rewrites
+# schemathesis's modules as it imports them, and on CPython 3.11 a parse that another thread's
+# parse interleaves with can fail (see tokenflow.envs.tool_calls._parse_expression).
+import schemathesis.specs.openapi.schemas  # noqa: F401
 
 from tokenflow.bench.serve_fuzz import fuzz
 from tokenflow.engine import EngineConfig

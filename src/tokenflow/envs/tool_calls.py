@@ -29,6 +29,7 @@ import ast
 import inspect
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -39,6 +40,14 @@ _PLAIN_START = re.compile(r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
 _PLAIN_CALL = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)[ \t]*")
 _PLAIN_LITERAL_NAMES = {"true": True, "false": False, "null": None, "none": None}
 _MAX_CALL_CHARS = 10_000  # longer "calls" are refused before the Python parser sees them
+# CPython 3.11 (3.11.7 here) keeps the depth counter of `ast.parse`'s object construction in
+# interpreter-wide state: a parse that another parse interleaves with (the collector runs a
+# finalizer mid-construction, which parses, or hands the GIL to a thread that does) fails with a
+# spurious "AST constructor recursion depth mismatch" SystemError. Calls are read on the engine's
+# thread and on the environment loop's, so our parses take turns; one that another library's
+# parse interleaves with is parsed again.
+_PARSE_LOCK = threading.RLock()  # re-entrant: a finalizer run mid-parse may read a call too
+_PARSE_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,7 @@ def _read_plain_line(line: str, span: tuple[int, int], specs: dict[str, ToolSpec
     if len(line) > _MAX_CALL_CHARS:
         return ToolCallError(f"the call to {name} is too long", span, name)
     try:
-        node = ast.parse(f"f({m.group(2)})", mode="eval").body
+        node = _parse_expression(f"f({m.group(2)})").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ToolCallError(f"the arguments of {name} could not be read: write {_usage(specs[name])}", span, name)
     if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args) \
@@ -222,6 +231,17 @@ def _read_plain_line(line: str, span: tuple[int, int], specs: dict[str, ToolSpec
             return ToolCallError(f"argument {key} of {name} is given twice", span, name)
         arguments[key] = value
     return ToolCall(name, arguments, span)
+
+
+def _parse_expression(source: str) -> ast.Expression:
+    with _PARSE_LOCK:
+        for _ in range(_PARSE_TRIES - 1):
+            try:
+                return ast.parse(source, mode="eval")
+            except SystemError as e:
+                if "recursion depth mismatch" not in str(e):
+                    raise
+        return ast.parse(source, mode="eval")
 
 
 def _literal(node: ast.AST) -> Any:

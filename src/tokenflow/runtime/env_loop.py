@@ -18,8 +18,20 @@ class EnvLoop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="env-loop", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="env-loop", daemon=True)
         self.thread.start()
+
+    def _run(self) -> None:
+        self.loop.run_forever()
+        # Stopped by `close`. If a blocking environment held the loop past close's wait, its
+        # tasks are still here: cancel them on this thread and let them unwind, so none is
+        # destroyed pending (and none wakes later in a process that has moved on).
+        tasks = asyncio.all_tasks(self.loop)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
 
     def submit(self, make_coro, timeout: float) -> Future:
         """Run ``make_coro()`` on the loop under ``timeout``. The coroutine is made on the loop,
@@ -48,12 +60,15 @@ class EnvLoop:
     def cancel(self, fut: Future) -> None:
         if not fut.cancel():  # already started: cancel its task on the loop
             task = getattr(fut, "task", None)
-            if task is not None:
+            if task is not None and not self.loop.is_closed():  # closed: every task was cancelled
                 self.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
         """Cancel what still runs (its environments are closed by then), then stop the loop. A
-        loop that a blocking environment holds is left to its daemon thread after a second."""
+        loop that a blocking environment holds is left to its daemon thread after a second; the
+        thread cancels what is left when the environment lets go (`_run`)."""
+        if self.loop.is_closed():
+            return
 
         async def cancel_all() -> None:
             tasks = [t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()]
