@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +27,22 @@ class ModelFolder:
 
 def read_model_folder(path: str | Path, tokenizer=None) -> ModelFolder:
     """Config, weights, tokenizer (if the folder has one and none was given) and EOS ids."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from tokenflow.engine.plain_config import read_plain_llama_config
+    from tokenflow.engine.tokenizer_files import read_tokenizer
 
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = read_plain_llama_config(folder)
+    if hf_config is None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(folder)
     if tokenizer is None and any((folder / f).exists() for f in _TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = read_tokenizer(folder)
     eos: list[int] = []
     if (folder / "generation_config.json").exists():
-        eos = as_id_list(GenerationConfig.from_pretrained(folder).eos_token_id)
+        eos = as_id_list(json.loads((folder / "generation_config.json").read_text()).get("eos_token_id"))
     return ModelFolder(hf_config, load_checkpoint(folder), tokenizer, eos)
 
 

@@ -55,7 +55,8 @@ def check_model_folder(path: str) -> None:
 
 
 def load_tokenizer(path: str, ctx=None):
-    """``AutoTokenizer.from_pretrained(path)``, or an ``InputError`` naming the folder.
+    """The folder's tokenizer as ``AutoTokenizer.from_pretrained(path)`` builds it
+    (`tokenflow.engine.tokenizer_files.read_tokenizer`), or an ``InputError`` naming the folder.
 
     With ``ctx``, a fork-server context (``runtime.worker_start``), the tokenizer is loaded in a
     child forked from the server, which has transformers imported already, and comes back
@@ -67,10 +68,10 @@ def load_tokenizer(path: str, ctx=None):
         tokenizer = _load_in_child(path, ctx)
         if tokenizer is not None:
             return tokenizer
-    from transformers import AutoTokenizer
+    from tokenflow.engine.tokenizer_files import read_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return read_tokenizer(path)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a broken folder
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"cannot load the tokenizer from {path!r} ({first}); "

@@ -71,8 +71,7 @@ class TrainerWorker:
 
     def __init__(self, model_path: str, cfg, out_q, cmd_q, engine_qs, resume_dir: str | None,
                  name: str = "trainer", trace_dir: str | None = None, rank: int = 0, rendezvous=None) -> None:
-        from transformers import AutoTokenizer
-
+        from tokenflow.engine.tokenizer_files import read_tokenizer
         from tokenflow.runtime import phases
 
         phases.mark(f"{name}/imported")
@@ -81,7 +80,7 @@ class TrainerWorker:
         self.rank, self.group, self.sender = rank, None, None
         self.sync_error: str | None = None  # a failed push, reported after the step
         self._retired: list = []  # senders of broadcast groups replaced by reform_sync
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = read_tokenizer(model_path)
         self.trainer = self._build(model_path, cfg, tokenizer, rendezvous)
         if resume_dir is not None:
             self._phase("resume", lambda: load_trainer_state(self.trainer, resume_dir))
