@@ -4,7 +4,7 @@
     python benchmarks/trl/run.py --steps 60 --seeds 0,1,2   # both workloads, all three sides
 
 Run it with tokenflow's own interpreter. Sides: ``trl`` (GRPOTrainer, in .venv-trl),
-``tokenflow-sync`` (max_staleness 0) and ``tokenflow-async`` (the preset's max_staleness 2).
+``tokenflow-sync`` (max_staleness 0) and ``tokenflow-async`` (the preset's max_staleness, 1).
 Workloads: ``default`` (the shipped model, up to 96 new tokens) and ``gen-heavy`` (a 3.4M-parameter
 model of the bench engine model's shape whose sampled completions have long-tailed lengths, up to
 256 new tokens; built once with `make_default_model --preset long-tail`). Every model, from either side, is scored by ``tokenflow eval`` on the same
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                     res = sides.run_trl(python, w, seed, args.steps, folder, save_every=args.curve_every,
                                         threads=args.trl_threads)
                 else:
-                    res = sides.run_tokenflow(w, seed, args.steps, folder, staleness=0 if side == "tokenflow-sync" else 2,
+                    res = sides.run_tokenflow(w, seed, args.steps, folder, staleness=0 if side == "tokenflow-sync" else None,
                                               save_every=args.curve_every, eval_limit=args.eval_limit)
                 for p in res.points:
                     p["accuracy"] = sides.evaluate(p["model"], w.max_tokens, args.eval_limit, scores)

@@ -107,20 +107,23 @@ def _env(**extra) -> dict:
 
 # ---- the sides ------------------------------------------------------------------------------------
 
-def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: int, save_every: int,
+def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: int | None, save_every: int,
                   eval_limit: int | None) -> RunResult:
-    """`tokenflow train` (the preset's run: 16 × 8 samples, lr cosine to 0.1×) on workload ``w``."""
+    """`tokenflow train` (the preset's run: 16 × 8 samples, lr cosine to 0.1×) on workload ``w``;
+    ``staleness`` None keeps the preset's max_staleness."""
     args = [sys.executable, "-m", "tokenflow.cli.main", "train", "--run.output_dir", str(out),
-            "--run.steps", str(steps), "--run.seed", str(seed), "--rollout.max_staleness", str(staleness),
-            "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
+            "--run.steps", str(steps), "--run.seed", str(seed), "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
             "--run.checkpoint_every", str(save_every), "--run.keep_checkpoints", "1000",
             "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
+    if staleness is not None:
+        args += ["--rollout.max_staleness", str(staleness)]
     if eval_limit:
         args += ["--run.eval_limit", str(eval_limit)]
     t0 = time.perf_counter()
-    _run(args, f"tokenflow train (seed {seed}, max_staleness {staleness})")
+    _run(args, f"tokenflow train (seed {seed}, max_staleness {'preset' if staleness is None else staleness})")
     process_wall = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
+    staleness = summary["max_staleness"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss/total" in r]
     tokens = sum(r["rollout/count"] * r["rollout/completion_len_mean"] for r in rows)

@@ -2,7 +2,7 @@
 
     [rollout]
     prompts_per_step = 16
-    max_staleness = 2        # 0 = synchronous
+    max_staleness = 1        # 0 = synchronous
 
 Sections: run, model, task, episode, scorer, rollout, sampling, engine, algorithm, trainer, sync, runtime,
 metrics.

@@ -126,7 +126,7 @@ class RolloutConfig(ConfigModel):
     """Prompts (groups) consumed by one optimizer step."""
     group_size: int = Field(default=8, ge=1)
     """Samples per prompt (the GRPO group, the engine's n)."""
-    max_staleness: int = Field(default=2, ge=0)
+    max_staleness: int = Field(default=1, ge=0)
     """Admission bound K: at most (K+1) × rollouts per step admitted and not yet consumed. 0 = synchronous."""
     batch_order: Literal["admission", "ready"] = "ready"
     """Which groups make a step's batch. "admission": the prompts_per_step oldest admitted
