@@ -43,7 +43,7 @@ def test_unknown_key_is_refused_with_the_valid_ones():
 def test_help_config_documents_every_key():
     r = tokenflow("train", "--help-config")
     assert r.returncode == 0
-    assert "rollout.max_staleness = 2" in r.stdout
+    assert "rollout.max_staleness = 1" in r.stdout
     assert "Admission bound K" in r.stdout
 
 

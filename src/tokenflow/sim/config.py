@@ -164,7 +164,7 @@ class WorkloadConfig(ConfigModel):
 class PipelineConfig(ConfigModel):
     """How generation and training are coupled: staleness budget, weight sync, update mode."""
 
-    max_staleness: int = Field(default=2, ge=0)
+    max_staleness: int = Field(default=1, ge=0)
     """Admission bound K: at most (K + 1) * rollouts_per_step admitted and not yet consumed.
     0 is synchronous training."""
     max_token_age: int | None = Field(default=None, ge=0)
