@@ -32,7 +32,7 @@ import torch
 def _generate(engine, task, tokenizer, cfg, cursor: int):
     from tokenflow.engine import SamplingParams
     from tokenflow.evaluation import encode_prompt
-    from tokenflow.runtime.seeds import request_seed
+    from tokenflow.runtime.orchestrator.seeds import request_seed
 
     s, r = cfg.sampling, cfg.rollout
     base = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflow.config.loading import load_config
     from tokenflow.config.root import TrainConfig
     from tokenflow.engine.factory import make_engine
-    from tokenflow.runtime.launch import default_config_path, resolve_model_path
+    from tokenflow.config.presets import default_config_path
+    from tokenflow.model_store import resolve_model_path
     from tokenflow.tasks import build_task
     from tokenflow.trainer import Trainer
     import tokenflow.trainer.trainer as trainer_module

@@ -72,7 +72,7 @@ def build_trl_venv(venv: Path = TRL_VENV) -> Path:
 def resolve_model(model: str) -> str:
     if model != "default":
         return model
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
 
     return resolve_model_path("default")
 

@@ -255,7 +255,12 @@ AGGREGATIONS.add("seq_mean_token_sum", _G + "seq_mean_token_sum")
 AGGREGATIONS.add("dr_grpo_constant", _G + "dr_grpo_constant", check=_dr_grpo_constant_check)
 
 TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config", check=_no_options)
-TASKS.add("dataset", "tokenflow.tasks.dataset:from_config", check=_dataset_check)
+TASKS.add("dataset", "tokenflow.envs.task:from_dataset_config", check=_dataset_check)
 TASKS.add("env", "tokenflow.envs.task:from_config", check=_env_check)
 
 SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")
+
+
+def token_level_estimators() -> list[str]:
+    """Estimators that take per-token rewards (their registry entry declares ``token_rewards``)."""
+    return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["token_rewards"]]

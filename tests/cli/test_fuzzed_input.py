@@ -238,9 +238,9 @@ def dataset_cases():
 
 
 def model_cases():
-    from tokenflow.runtime.launch import default_model_path
+    from tokenflow.model_store import shipped_model_path
 
-    src = default_model_path()
+    src = shipped_model_path("default")
 
     def copy(d: Path) -> Path:
         m = d / "model"

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from tokenflow.cli.main import main
-from tokenflow.runtime.launch import default_model_path
+from tokenflow.model_store import shipped_model_path
 
 
 @pytest.fixture()
@@ -90,10 +90,10 @@ def test_empty_model_folder_is_named_not_sentencepiece(files, capsys):
 
 def test_model_folder_without_weights_or_with_an_unsupported_architecture(files, capsys):
     model = files / "model"
-    shutil.copytree(default_model_path(), model)
+    shutil.copytree(shipped_model_path("default"), model)
     (model / "model.safetensors").unlink()
     assert "holds no weights" in train_error(files, capsys, "--model.path", str(model))
-    shutil.copy(default_model_path() / "model.safetensors", model)
+    shutil.copy(shipped_model_path("default") / "model.safetensors", model)
     cfg = json.loads((model / "config.json").read_text())
     cfg.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
     (model / "config.json").write_text(json.dumps(cfg))

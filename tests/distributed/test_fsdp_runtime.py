@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.helpers import ledger, small_config, step_rows
-from tokenflow.runtime.launch import resolve_model_path, train
-from tokenflow.runtime.sync_loop import run_sync_loop
+from tokenflow.runtime.launch import train
+from tokenflow.model_store import resolve_model_path
+from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
 
 def test_two_rank_runtime_matches_the_plain_loop_across_a_resume(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenflow.sync.base import make_receiver, make_sender
+from tokenflow.sync.factory import make_receiver, make_sender
 
 
 def _weights(version: int) -> dict[str, torch.Tensor]:

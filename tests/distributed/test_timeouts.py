@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.distributed.ranks import silent_rank
-from tokenflow.sync.base import make_sender
+from tokenflow.sync.factory import make_sender
 from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer.distributed import RankGroup, RankTimeout, Rendezvous
 

@@ -25,7 +25,7 @@ import torch
 
 from tokenflow.engine import EngineConfig, InvalidRequest, SamplingParams, WeightUpdateError
 from tokenflow.engine.factory import make_engine
-from tokenflow.engine.weights import load_checkpoint, weights_checksum
+from tokenflow.engine.loading.weights import load_checkpoint, weights_checksum
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "src" / "tokenflow" / "assets" / "default_model"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

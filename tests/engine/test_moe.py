@@ -47,7 +47,7 @@ def test_checkpoint_per_expert_names_load_and_fused_names_sync(tmp_path):
     ids = prompts(4)[1]
     assert (engine.runner.score(ids)[:-1] - hf_logits(hf, ids[:1], ids[1:])).abs().max().item() <= 1e-4
     other = moe_hf_model("mixtral", seed=5)
-    from tokenflow.engine.weights import weights_checksum
+    from tokenflow.engine.loading.weights import weights_checksum
 
     report = engine.update_weights(other.state_dict(), version=1, checksum=weights_checksum(other.state_dict()))
     assert report["applied"]

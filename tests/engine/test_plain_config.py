@@ -1,5 +1,5 @@
 """A complete Llama config.json is read without transformers' config classes
-(`tokenflow.engine.plain_config`): every attribute the engine reads is what transformers' config
+(`tokenflow.engine.loading.plain_config`): every attribute the engine reads is what transformers' config
 gives, an engine built from it generates the same tokens and log-probs, and anything the plain
 reader cannot vouch for goes through AutoConfig."""
 
@@ -16,8 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.engine.models.rope import rope_parameters
-from tokenflow.engine.plain_config import PlainConfig, read_plain_llama_config
-from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.engine.loading.plain_config import PlainConfig, read_plain_llama_config
+from tokenflow.model_store import resolve_model_path
 
 from .engine_testlib import VOCAB, family_config, randomize
 
@@ -127,7 +127,7 @@ def test_the_shipped_tokenizer_loads_as_autotokenizer_loads_it():
 
 
 def test_loading_the_shipped_model_imports_no_transformers_config_class():
-    """What the fork server's preload leaves out (`tokenflow.runtime.preload`), the engine must
+    """What the fork server's preload leaves out (`tokenflow.runtime.backends.local.preload`), the engine must
     not import on its way to the first token."""
     code = ("import sys\n"
             "from tokenflow.runtime.launch import resolve_model_path\n"

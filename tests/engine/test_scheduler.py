@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenflow.engine.kv_cache import SlotAllocator, grown
+from tokenflow.engine.cache.kv_cache import SlotAllocator, grown
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.scheduler import Scheduler
 from tokenflow.engine.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -129,7 +129,7 @@ def test_abort_and_drain():
 def test_kv_cache_grows_in_place_and_stops_at_what_sequences_can_reach():
     import torch
 
-    from tokenflow.engine.kv_cache import KVCache
+    from tokenflow.engine.cache.kv_cache import KVCache
 
     cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, max_slots=16, max_len=300,
                     dtype=torch.float32, device=torch.device("cpu"), growth=64)

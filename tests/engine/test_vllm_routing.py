@@ -397,7 +397,7 @@ def test_trainer_replays_the_vllm_record(family, tmp_path_factory):
 
 @needs_vllm
 def test_abort_and_resume_keeps_the_routing_that_produced_each_token(tmp_path_factory):
-    from tokenflow.engine.weights import load_checkpoint
+    from tokenflow.engine.loading.weights import load_checkpoint
 
     s = recording("qwen3_moe", tmp_path_factory)
     trained = moe_hf_model("qwen3_moe", seed=7, overrides=VLLM_HEADS)

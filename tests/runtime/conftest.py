@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def default_model() -> str:
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
 
     return resolve_model_path("default")

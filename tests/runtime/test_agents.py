@@ -15,9 +15,10 @@ import pytest
 from tests.runtime.helpers import small_config, step_rows
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.envs.calculator import CalculatorEnv
-from tokenflow.runtime.agents import run_agents
-from tokenflow.runtime.episodes import EpisodeSpec
-from tokenflow.runtime.launch import resolve_model_path, train
+from tokenflow.runtime.drivers.agents import run_agents
+from tokenflow.runtime.drivers.episodes import EpisodeSpec
+from tokenflow.runtime.launch import train
+from tokenflow.model_store import resolve_model_path
 
 openai = pytest.importorskip("openai")
 
@@ -298,7 +299,7 @@ def test_an_agent_that_does_not_load_is_refused_before_anything_starts(tmp_path)
         def solve(base_url):
             return ""
     """))
-    from tokenflow.runtime.preflight import InputError
+    from tokenflow.errors import InputError
 
     with pytest.raises(InputError, match=r"must take two arguments, \(base_url, example\)"):
         train(small_config("--model.path", resolve_model_path("default-tool"), "--task.name", "env",

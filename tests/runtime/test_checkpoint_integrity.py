@@ -10,8 +10,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 import pytest
 
-from tokenflow.runtime.run_dir import CheckpointError, RunDir, verify_checkpoint
-from tokenflow.runtime.run_resources import RunInUse, leftovers, run_resources, run_tag
+from tokenflow.runtime.run.run_dir import CheckpointError, RunDir, verify_checkpoint
+from tokenflow.runtime.run.resources import RunInUse, leftovers, run_resources, run_tag
 
 
 def write_checkpoint(rd: RunDir, step: int, keep: int = 3):

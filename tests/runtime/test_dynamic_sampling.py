@@ -14,7 +14,7 @@ import pytest
 from tests.runtime.helpers import ledger, small_config, step_rows
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
-from tokenflow.runtime.sync_loop import run_sync_loop
+from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
 SHAPING = ["--algorithm.dynamic_sampling", "true", "--algorithm.overlong_buffer_tokens", "32",
            "--algorithm.overlong_penalty", "0.5", "--run.save_rollouts", "true", "--run.checkpoint_every", "0"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
-from tokenflow.runtime.launch import resolve_model_path, train
+from tokenflow.runtime.launch import train
+from tokenflow.model_store import resolve_model_path
 
 CALCULATOR = "tokenflow.envs.calculator:CalculatorEnv"
 

@@ -18,8 +18,8 @@ from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.envs import ChatBridge
 from tokenflow.envs.calculator import CalculatorEnv, add
-from tokenflow.runtime.episodes import EpisodeSpec, run_episodes
-from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.runtime.drivers.episodes import EpisodeSpec, run_episodes
+from tokenflow.model_store import resolve_model_path
 from tokenflow.trainer import Trainer, TrainerConfig
 from tokenflow.trainer.batch import to_train_sequence
 

@@ -9,7 +9,7 @@ import pytest
 
 from tokenflow.config.loading import load_config
 from tokenflow.config.root import TrainConfig
-from tokenflow.runtime.learning_signal import ENTROPY_COLLAPSE_RATIO, SignalWatch
+from tokenflow.runtime.orchestrator.learning_signal import ENTROPY_COLLAPSE_RATIO, SignalWatch
 
 from .helpers import small_config
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tokenflow.config.loading import load_config
 from tokenflow.config.root import TrainConfig
-from tokenflow.runtime.launch import default_config_path, train
+from tokenflow.runtime.launch import train
+from tokenflow.config.presets import default_config_path
 
 
 def test_default_run_learns_to_carry(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from tests.runtime.helpers import small_config, step_rows
 from tokenflow.runtime.launch import train
-from tokenflow.runtime.orchestrator import RunFailed
+from tokenflow.runtime.orchestrator.orchestrator import RunFailed
 
 
 def test_summary_after_a_resume_counts_every_invocation(tmp_path):

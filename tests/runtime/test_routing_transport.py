@@ -8,7 +8,7 @@ import numpy as np
 
 from tokenflow.buffer import RolloutBuffer
 from tokenflow.rollout import Rollout
-from tokenflow.runtime.run_dir import RunDir
+from tokenflow.runtime.run.run_dir import RunDir
 
 
 def moe_group(gid: int, n: int = 2) -> list[Rollout]:

@@ -17,7 +17,7 @@ import torch
 from tests.runtime.helpers import ledger, small_config, step_rows
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
-from tokenflow.runtime.sync_loop import run_sync_loop
+from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
 
 @pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])

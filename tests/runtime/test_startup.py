@@ -12,9 +12,10 @@ import sys
 
 from tests.runtime.helpers import SMALL, small_config
 from tokenflow.metrics.sinks import read_jsonl
-from tokenflow.runtime import worker_start
+from tokenflow.runtime.backends.local import start as worker_start
 from tokenflow.runtime.launch import train
-from tokenflow.runtime.workers import WorkerHandle
+from tokenflow.runtime.workers.environment import environment as worker_environment
+from tokenflow.runtime.workers.process import WorkerHandle
 
 
 def test_the_orchestrators_process_never_imports_torch(tmp_path):
@@ -40,7 +41,7 @@ def test_a_forked_worker_takes_on_the_orchestrators_environment_of_now():
     try:
         ctx = worker_start.context("forkserver")
         q = ctx.Queue()
-        h = WorkerHandle("probe", _env_of, (q, "TOKENFLOW_TEST_LATE_VAR"), ctx, env=worker_start.environment())
+        h = WorkerHandle("probe", _env_of, (q, "TOKENFLOW_TEST_LATE_VAR"), ctx, env=worker_environment())
         h.start()
         assert q.get(timeout=120) == "set after the server started"
         h.stop(30)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from tokenflow.runtime.summary_view import print_summary, summary_rows
+from tokenflow.runtime.view.summary import print_summary, summary_rows
 
 SUMMARY = {"baseline_accuracy": 0.390625, "final_accuracy": 0.98046875, "steps": 6, "wall_s": 10.0,
            "train_wall_s": 4.0, "mode": "async", "max_staleness": 2, "update_mode": "inflight",

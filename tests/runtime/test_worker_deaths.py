@@ -13,7 +13,7 @@ import pytest
 
 from tests.runtime.helpers import SMALL, ledger, start_cli, step_rows, wait_until, workers
 from tokenflow.cli.train import _reusable
-from tokenflow.runtime.run_resources import leftovers, run_tag
+from tokenflow.runtime.run.resources import leftovers, run_tag
 
 TIMEOUT_S = 60  # runtime.worker_timeout_s for these runs: the bound on noticing a death and exiting
 
@@ -81,8 +81,8 @@ def test_a_crash_before_the_first_checkpoint_advises_a_resume_that_works(tmp_pat
 EXIT_AFTER_DEAD_READER = """
 import os, signal, sys, time
 from types import SimpleNamespace
-from tokenflow.runtime.local import LocalBackend
-from tokenflow.runtime.workers import WorkerHandle
+from tokenflow.runtime.backends.local.backend import LocalBackend
+from tokenflow.runtime.workers.process import WorkerHandle
 w = WorkerHandle("trainer", time.sleep, (60,)).start()
 os.kill(w.pid, signal.SIGKILL)
 w.process.join()

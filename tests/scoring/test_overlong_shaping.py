@@ -3,7 +3,7 @@
 import pytest
 
 from tokenflow.rollout import Rollout
-from tokenflow.runtime.step_metrics import batch_metrics
+from tokenflow.runtime.orchestrator.step_metrics import batch_metrics
 from tokenflow.scoring.shaping import overlong_penalty, shape_overlong
 
 

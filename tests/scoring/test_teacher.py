@@ -14,7 +14,7 @@ import torch
 
 from tests.runtime.helpers import small_config, step_rows
 from tokenflow.runtime.launch import train
-from tokenflow.runtime.sync_loop import run_sync_loop
+from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 from tokenflow.scoring.teacher import TeacherScorer, TokenizerMismatch, check_same_tokenizer
 from tokenflow.scoring.token_scorers import SampleView
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tokenflow.engine import EngineConfig, SamplingParams
 from tokenflow.engine.factory import make_engine
-from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.model_store import resolve_model_path
 from tokenflow.serve.app import create_app
 from tokenflow.serve.server import BackgroundServer
 

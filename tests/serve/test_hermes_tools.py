@@ -21,7 +21,7 @@ from tests.serve.serve_testlib import sync_client
 from tokenflow.engine.base import TokenDelta
 from tokenflow.engine.stats import EngineStats
 from tokenflow.rollout import Rollout
-from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.model_store import resolve_model_path
 from tokenflow.serve.app import create_app
 from tokenflow.serve.server import BackgroundServer
 

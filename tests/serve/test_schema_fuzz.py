@@ -14,7 +14,7 @@ import schemathesis.specs.openapi.schemas  # noqa: F401
 from tokenflow.bench.serve_fuzz import fuzz
 from tokenflow.engine import EngineConfig
 from tokenflow.engine.factory import make_engine
-from tokenflow.runtime.launch import resolve_model_path
+from tokenflow.model_store import resolve_model_path
 from tokenflow.serve.app import create_app
 from tokenflow.serve.server import BackgroundServer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenflow.sim import Calibration, SimConfig, simulate
-from tokenflow.sim.calibration import (
+from tokenflow.sim.calibration.timings import (
     EngineTimings,
     Measured,
     RunInfo,

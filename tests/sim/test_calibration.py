@@ -9,8 +9,8 @@ import pytest
 
 from tests.sim.synthetic import TRUTH, make_bench, make_run
 from tokenflow.sim import Calibration, calibrate
-from tokenflow.sim.calibrate import find_runs
-from tokenflow.sim.fit import fit_line, fit_rates
+from tokenflow.sim.calibration.calibrate import find_runs
+from tokenflow.sim.calibration.fit import fit_line, fit_rates
 
 
 def test_calibration_json_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tokenflow.sync.base import make_receiver, make_sender
+from tokenflow.sync.factory import make_receiver, make_sender
 from tokenflow.sync.layout import allocate_in_buckets, in_place_bytes, pack, plan_layout, views
 
 

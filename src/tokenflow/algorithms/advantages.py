@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from tokenflow.algorithms.config import AlgorithmConfig
-from tokenflow.registry import ADVANTAGES
+from tokenflow.registry import ADVANTAGES, token_level_estimators
 from tokenflow.rollout import Rollout
 
 
@@ -201,11 +201,6 @@ def estimate(inp: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageResult:
     if cfg.whiten_advantages and not ADVANTAGES.props(cfg.advantage)["normalised"]:
         result.advantages = whiten(result.advantages, inp.masks, cfg.eps)
     return result
-
-
-def token_level_estimators() -> list[str]:
-    """Estimators that take per-token rewards (their registry entry declares ``token_rewards``)."""
-    return [n for n in ADVANTAGES.names() if ADVANTAGES.props(n)["token_rewards"]]
 
 
 def _with_scored_token_rewards(rollouts: list[Rollout], live: list[int], token_rewards, cfg: AlgorithmConfig):

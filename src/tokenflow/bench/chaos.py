@@ -196,7 +196,7 @@ def _ended_by_itself(proc: subprocess.Popen, log_path: Path) -> dict:
 def _config(args, overrides: list[str]):
     from tokenflow.config.loading import load_config
     from tokenflow.config.root import TrainConfig
-    from tokenflow.runtime.launch import default_config_path
+    from tokenflow.config.presets import default_config_path
 
     steps = args.steps or 2 * args.kills + 6  # a kill lands every one or two steps of progress
     base = [] if args.config else list(SMALL)
@@ -263,7 +263,7 @@ def run(args, overrides: list[str] | None = None) -> int:
 
 
 def _checks(checks, out: Path, ref: Path, chaos: Path, records: list[dict], steps: int, args, finished: bool) -> dict:
-    from tokenflow.runtime.run_dir import RunDir
+    from tokenflow.runtime.run.run_dir import RunDir
 
     killed = [r for r in records if r["killed"]]
     singles = [r for r in killed if r["kind"] != "tree"]

@@ -44,7 +44,7 @@ def metric_rows(run_dir: Path, steps: int) -> dict:
 
 
 def checkpoints(run_dir: Path) -> dict:
-    from tokenflow.runtime.run_dir import RunDir, verify_checkpoint
+    from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
 
     rd = RunDir(run_dir)
     cps = rd.complete_checkpoints()
@@ -55,7 +55,7 @@ def checkpoints(run_dir: Path) -> dict:
 
 
 def shm_left(*run_dirs: Path) -> list[str]:
-    from tokenflow.runtime.run_resources import leftovers, run_tag
+    from tokenflow.runtime.run.resources import leftovers, run_tag
 
     return [p.name for d in run_dirs for p in leftovers(run_tag(d))]
 

@@ -90,7 +90,7 @@ def _load_model(args):
     if args.model is None:
         return _tiny_moe(args.seed) if args.moe else _tiny_llama(args.seed)
     path = args.model
-    from tokenflow.runtime.launch import SHIPPED_MODELS, resolve_model_path
+    from tokenflow.model_store import SHIPPED_MODELS, resolve_model_path
 
     if path in SHIPPED_MODELS:  # "default", "default-moe", "default-tool"
         try:

@@ -55,7 +55,7 @@ def _steps_and_times(run_dir: Path) -> tuple[float, float]:
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import ConfigError, load_config
     from tokenflow.config.root import TrainConfig
-    from tokenflow.runtime.launch import default_config_path
+    from tokenflow.config.presets import default_config_path
 
     try:
         base = load_config(TrainConfig, args.config or default_config_path(), overrides or [])

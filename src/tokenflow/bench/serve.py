@@ -92,7 +92,7 @@ def _wait_healthy(url: str, proc, log, timeout_s: float = 180.0) -> None:
 def _in_process_server(args):
     from tokenflow.engine import EngineConfig
     from tokenflow.engine.factory import make_engine
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
     from tokenflow.serve.app import create_app
     from tokenflow.serve.server import BackgroundServer
 

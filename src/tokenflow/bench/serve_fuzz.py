@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tokenflow.engine import EngineConfig
     from tokenflow.engine.factory import make_engine
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
     from tokenflow.serve.app import create_app
     from tokenflow.serve.server import BackgroundServer
 

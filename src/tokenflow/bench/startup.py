@@ -2,7 +2,7 @@
 
 Runs ``tokenflow train`` (the embedded default run unless a config or overrides say otherwise)
 as a child process, times that process from outside (start to exit), and lays out the phases
-the run recorded (``summary.json`` → ``phases``, see ``tokenflow.runtime.phases``):
+the run recorded (``summary.json`` → ``phases``, see ``tokenflow.metrics.phases``):
 
     before the window   interpreter and command start, config, preflight, run folder and
                         worker processes, until the engines are loaded and training starts

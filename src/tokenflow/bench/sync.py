@@ -77,7 +77,7 @@ def _receiver(cmd_q, out_q) -> None:
     """The engine side: attach to each transport, then per notice receive, load, report."""
     import torch
 
-    from tokenflow.sync.base import make_receiver
+    from tokenflow.sync.factory import make_receiver
 
     torch.set_num_threads(1)
     receivers, models = {}, {}
@@ -111,7 +111,7 @@ def _sender(mode: str, weights: dict, bucket_mb: float, streams: int):
     """The mode's sender, connected-to-be, and the weights as that mode's trainer holds them."""
     import torch
 
-    from tokenflow.sync.base import make_sender
+    from tokenflow.sync.factory import make_sender
     from tokenflow.sync.layout import allocate_in_buckets
 
     transport, opts, holding = MODES[mode]

@@ -23,8 +23,8 @@ def register(subparsers) -> None:
 
 def locate(path: str) -> tuple[str, Path | None]:
     """(model folder, run folder or None) for a model, checkpoint or run folder."""
-    from tokenflow.runtime.launch import SHIPPED_MODELS, resolve_model_path
-    from tokenflow.runtime.run_dir import RunDir
+    from tokenflow.model_store import SHIPPED_MODELS, resolve_model_path
+    from tokenflow.runtime.run.run_dir import RunDir
 
     if path in SHIPPED_MODELS:
         return resolve_model_path(path), None
@@ -46,7 +46,7 @@ def generate_with_progress(engine, max_tokens: int, stop: tuple[str, ...]):
     """A greedy ``generate`` for ``accuracy_of`` that shows a progress bar on stderr: every prompt
     is queued at once (continuous batching as in ``Engine.generate``), then the engine steps."""
     from tokenflow.engine import SamplingParams
-    from tokenflow.runtime.progress import Progress
+    from tokenflow.runtime.view.progress import Progress
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop)
 
@@ -74,8 +74,8 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
     """Held-out success of greedy multi-turn episodes (an environment task): the share of
     episodes whose reward (rubric + step rewards) is at least 0.5, as the runtime's evaluation."""
     from tokenflow.engine import SamplingParams
-    from tokenflow.runtime.episodes import EpisodeSpec, run_episodes
-    from tokenflow.runtime.progress import Progress
+    from tokenflow.runtime.drivers.episodes import EpisodeSpec, run_episodes
+    from tokenflow.runtime.view.progress import Progress
     from tokenflow.scoring.episodes import episode_reward
     from tokenflow.scoring.pool import normalise_reward, scored_text
 
@@ -87,7 +87,7 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop=tuple(cfg.sampling.stop))
     bar = Progress(len(prompts), description="eval", unit="agent run" if agent else "episode")
     if agent:  # the agent plays each example through a session, as in training
-        from tokenflow.runtime.agents import run_agents as run_episodes
+        from tokenflow.runtime.drivers.agents import run_agents as run_episodes
     try:
         groups = run_episodes(engine, specs, params, on_progress=lambda done: bar.update(done, {}))
     finally:
@@ -104,7 +104,7 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import ConfigError, load_config
     from tokenflow.config.root import TrainConfig
-    from tokenflow.runtime.launch import default_config_path
+    from tokenflow.config.presets import default_config_path
 
     model, run_dir = locate(args.checkpoint)
     config = run_dir / "config.toml" if run_dir is not None else default_config_path()

@@ -56,7 +56,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tokenflow.runtime import phases
+    from tokenflow.metrics import phases
 
     phases.reset()
     phases.mark("cli_main")
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 def _warm_for_train(argv: list[str]) -> None:
     """`tokenflow train` (not --dry-run, --help-config or --help): start the fork server its
     workers come from now, before the parser is even built, so that its imports overlap all of
-    this process's start-up (``tokenflow.runtime.worker_start``; the run stops it again if its
+    this process's start-up (``tokenflow.runtime.backends.local.start``; the run stops it again if its
     config starts workers another way)."""
     if argv[:1] != ["train"] or {"--dry-run", "--help-config", "-h", "--help"} & set(argv):
         return
-    from tokenflow.runtime.worker_start import warm
+    from tokenflow.runtime.backends.local.start import warm
 
     warm("forkserver")
 

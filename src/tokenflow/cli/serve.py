@@ -47,7 +47,7 @@ def engine_config(run_dir, overrides: list[str]):
 def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.cli.eval import locate
     from tokenflow.config.loading import ConfigError
-    from tokenflow.runtime.preflight import InputError
+    from tokenflow.errors import InputError
 
     try:
         model, run_dir = locate(args.model)

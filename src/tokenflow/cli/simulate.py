@@ -101,7 +101,7 @@ def _sweep(args, layers, specs, objective, console) -> int:
 
 
 def _calibrate(args, console) -> int:
-    from tokenflow.sim.calibrate import calibrate
+    from tokenflow.sim.calibration.calibrate import calibrate
     from tokenflow.sim.report import calibration_table, print_tables
 
     rep = calibrate(args.calibrate, seeds=args.seeds)

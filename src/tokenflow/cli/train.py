@@ -58,8 +58,8 @@ def help_config(cfg) -> str:
 def _input_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean bad input (exit 2, one line), as opposed to a run that failed (exit 1)."""
     from tokenflow.config.loading import ConfigError
-    from tokenflow.runtime.preflight import InputError
-    from tokenflow.runtime.run_resources import RunInUse
+    from tokenflow.errors import InputError
+    from tokenflow.runtime.run.resources import RunInUse
     from tokenflow.tasks.dataset import DatasetError
     from tokenflow.tasks.reward_loading import RewardFunctionError
 
@@ -72,7 +72,7 @@ def _one_line(e: Exception) -> str:
 
 def _resume_advice(run_dir) -> str:
     """What to do after a failed run: a command that works from where the folder stands."""
-    from tokenflow.runtime.run_dir import RunDir
+    from tokenflow.runtime.run.run_dir import RunDir
 
     cps = RunDir(run_dir).complete_checkpoints()
     if cps:
@@ -83,7 +83,7 @@ def _resume_advice(run_dir) -> str:
 
 def _reusable(run_dir) -> bool:
     """A folder a run started in and died before its first checkpoint: nothing in it to keep."""
-    from tokenflow.runtime.run_dir import RunDir
+    from tokenflow.runtime.run.run_dir import RunDir
 
     rd = RunDir(run_dir)
     return rd.config.is_file() and not rd.summary.exists() and not rd.complete_checkpoints()
@@ -97,7 +97,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         # reading the config, so that its imports overlap that as well as the preflight (a no-op
         # when `tokenflow` started it already). The run stops it if its config starts workers
         # another way.
-        from tokenflow.runtime.worker_start import warm
+        from tokenflow.runtime.backends.local.start import warm
 
         warm("forkserver")
     overrides = overrides or []
@@ -107,7 +107,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     except input_errors as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
-    from tokenflow.runtime import phases
+    from tokenflow.metrics import phases
 
     phases.mark("config_loaded")
     if args.help_config:
@@ -128,8 +128,8 @@ def run(args, overrides: list[str] | None = None) -> int:
             print(f"error: run folder {run_dir} exists; continue it with --resume {run_dir} "
                   "or choose another --output-dir / --run.name", file=sys.stderr)
             return 2
-    from tokenflow.runtime.orchestrator import RunFailed
-    from tokenflow.runtime.workers import WorkerDied
+    from tokenflow.runtime.orchestrator.orchestrator import RunFailed
+    from tokenflow.errors import WorkerDied
 
     try:
         summary = train(cfg, run_dir, resume=bool(args.resume))
@@ -148,7 +148,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
-        from tokenflow.runtime.summary_view import print_summary
+        from tokenflow.runtime.view.summary import print_summary
 
         print_summary(summary)
     return 0

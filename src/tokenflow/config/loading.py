@@ -15,11 +15,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from tokenflow.errors import ConfigError
+
 M = TypeVar("M", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names each bad key and what would be valid."""
 
 
 def parse_value(text: str) -> Any:

@@ -17,6 +17,8 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+from tokenflow.errors import ConfigError
+
 DEFAULT_PRESET = "tiny-cpu"
 """The preset ``tokenflow train`` runs when given no config file."""
 
@@ -30,8 +32,6 @@ def preset_names() -> list[str]:
 
 
 def preset_path(name: str) -> Path:
-    from tokenflow.config.loading import ConfigError
-
     path = presets_dir() / f"{name}.toml"
     if not path.is_file():
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
@@ -54,7 +54,11 @@ def apply_preset(data: dict, name: str | None) -> dict:
     if name is None:
         return data
     if not isinstance(name, str):
-        from tokenflow.config.loading import ConfigError
-
-        raise ConfigError(f'preset must be a name such as "{DEFAULT_PRESET}" (got {name!r})')
+            raise ConfigError(f'preset must be a name such as "{DEFAULT_PRESET}" (got {name!r})')
     return merge(tomllib.loads(preset_path(name).read_text()), data)
+
+
+def default_config_path() -> Path:
+    """The embedded default run (preset "tiny-cpu"): the shipped model on the arithmetic task,
+    async, on the CPU."""
+    return preset_path(DEFAULT_PRESET)

@@ -87,8 +87,7 @@ class TrainConfig(ConfigModel):
             raise ValueError("engine.recompute_kv_after_update is not supported by engine.backend = 'vllm'; "
                              "use engine.update_mode = 'abort' to restart running samples under new weights")
         if self.scorer.any_token_scorer:
-            from tokenflow.algorithms.advantages import token_level_estimators
-            from tokenflow.registry import ADVANTAGES
+            from tokenflow.registry import ADVANTAGES, token_level_estimators
 
             if not ADVANTAGES.props(self.algorithm.advantage)["token_rewards"]:
                 raise ValueError(

@@ -16,7 +16,7 @@ from tokenflow.engine.sampling_params import SamplingParams
 _EXPORTS = {
     "Engine": "tokenflow.engine.llm_engine",
     "RolloutEngine": "tokenflow.engine.base",
-    "weights_checksum": "tokenflow.engine.weights",
+    "weights_checksum": "tokenflow.engine.loading.weights",
 }
 __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 __all__ = ["Engine", "EngineConfig", "InvalidRequest", "RolloutEngine", "SamplingParams", "UnsupportedModel",

@@ -18,7 +18,7 @@ import numpy as np
 
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
-from tokenflow.engine.weights import NamedTensors
+from tokenflow.engine.loading.weights import NamedTensors
 from tokenflow.rollout import Rollout
 
 

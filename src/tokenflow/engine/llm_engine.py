@@ -11,7 +11,7 @@
 
 A multi-turn continuation (``resume=`` a rollout ending in environment tokens) whose previous
 turn parked its KV cache (``park_kv``) is admitted as an extend: the parked rows go back into a
-slot and only the new tokens are prefilled (`tokenflow.engine.parked`).
+slot and only the new tokens are prefilled (`tokenflow.engine.cache.parked`).
 
 Calls are serialised by one lock, so a weight-sync thread may call `update_weights` while a
 generation loop calls `step`: the swap then lands between two steps.
@@ -30,7 +30,7 @@ import torch
 from tokenflow.engine.base import TokenDelta, collect_samples
 from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest
-from tokenflow.engine.loader import (
+from tokenflow.engine.loading.loader import (
     as_hf_config,
     as_id_list,
     context_length,
@@ -45,7 +45,7 @@ from tokenflow.engine.scheduler import Scheduler
 from tokenflow.engine.sequence import Sequence, SequenceGroup
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.weight_update import apply_pending, apply_update
-from tokenflow.engine.weights import (
+from tokenflow.engine.loading.weights import (
     NamedTensors,
     as_dict,
     check_weights,

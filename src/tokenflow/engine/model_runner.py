@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tokenflow.engine.kv_cache import KVCache
+from tokenflow.engine.cache.kv_cache import KVCache
 from tokenflow.engine.models.attention import AttentionContext, decode_split
 from tokenflow.engine.models.llama import LlamaForCausalLM, head_dim_of
-from tokenflow.engine.parked import ParkedEntry, ParkedKV, ParkKey
+from tokenflow.engine.cache.parked import ParkedEntry, ParkedKV, ParkKey
 from tokenflow.engine.scheduler import Move, Park
 from tokenflow.engine.sequence import Sequence
 

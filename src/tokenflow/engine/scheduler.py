@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from tokenflow.engine.kv_cache import SlotAllocator
+from tokenflow.engine.cache.kv_cache import SlotAllocator
 from tokenflow.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 

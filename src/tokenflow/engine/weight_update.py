@@ -1,5 +1,8 @@
 """`Engine.update_weights`: validate, verify, then swap in one of three modes.
 
+Each function takes the built-in `tokenflow.engine.llm_engine.Engine` (untyped here: that module
+imports this one).
+
 * ``inflight``: swap now (between two steps); running sequences keep their KV cache (or
   recompute it, if asked) and their later tokens carry the new version.
 * ``abort``: running sequences stop and come back from the next `step` as partial rollouts
@@ -20,12 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from tokenflow.engine.errors import WeightUpdateError
-from tokenflow.engine.weights import (
+from tokenflow.engine.loading.weights import (
     NamedTensors,
     as_dict,
     check_weights,
@@ -33,15 +35,12 @@ from tokenflow.engine.weights import (
 )
 from tokenflow.metrics.trace import record
 
-if TYPE_CHECKING:
-    from tokenflow.engine.llm_engine import Engine
-
 logger = logging.getLogger(__name__)
 
 MODES = ("inflight", "abort", "drain", "blocking")
 
 
-def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, mode: str | None,
+def apply_update(engine, named_tensors: NamedTensors, version: int, *, mode: str | None,
                  recompute_kv: bool | None, checksum: str | None) -> dict:
     mode = mode or engine.config.update_mode
     if mode not in MODES:
@@ -89,7 +88,7 @@ def apply_update(engine: Engine, named_tensors: NamedTensors, version: int, *, m
     return report
 
 
-def swap(engine: Engine, named: dict[str, torch.Tensor], version: int) -> float:
+def swap(engine, named: dict[str, torch.Tensor], version: int) -> float:
     """Copy the tensors into the model and take on their version; returns the seconds taken."""
     wall, start = time.time(), time.perf_counter()
     engine.model.load_weights(named.items())
@@ -101,7 +100,7 @@ def swap(engine: Engine, named: dict[str, torch.Tensor], version: int) -> float:
     return seconds
 
 
-def apply_pending(engine: Engine) -> None:
+def apply_pending(engine) -> None:
     """Swap in a staged (drain) update once the running batch is empty; admit again."""
     named, version, recompute = engine._pending_update
     engine._pending_update = None

@@ -31,13 +31,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from tokenflow.envs.tool_calls import FORMATS
-
-if TYPE_CHECKING:
-    from tokenflow.envs.rubric import Rubric
-
 
 @dataclass
 class StepResult:
@@ -78,8 +74,9 @@ class Environment(abc.ABC):
     tools: ClassVar[list[Callable]] = []
     """Tool functions offered to the model: typed, with Google-style docstrings. An episode with
     other tools sets ``self.tools`` in `reset`."""
-    rubric: ClassVar[Rubric | None] = None
-    """Scores finished episodes; None: the episode's reward is the sum of its step rewards."""
+    rubric: ClassVar[Any] = None
+    """A `tokenflow.envs.rubric.Rubric` that scores finished episodes (typed loosely: the rubric
+    module builds on this one); None: the episode's reward is the sum of its step rewards."""
     system_prompt: ClassVar[str | None] = None
     """A system message the default `reset` puts first."""
 

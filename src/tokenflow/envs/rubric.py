@@ -26,10 +26,9 @@ import asyncio
 import inspect
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-if TYPE_CHECKING:
-    from tokenflow.envs.episode import Episode
+from tokenflow.envs.episode import Episode
 
 REWARD_ARGS = ("messages", "completion", "example", "info", "state")
 _GROUP_ATTR = "__tokenflow_group_reward__"

@@ -71,10 +71,14 @@ def from_config(cfg) -> EnvTask:
     return EnvTask(cfg.env, seed=cfg.seed, num_eval=cfg.num_eval, prompt_field=cfg.prompt_field)
 
 
-def from_dataset_config(cfg) -> EnvTask:
-    """``task.name = "dataset"`` with ``task.env``: the file's rows are the examples."""
-    from tokenflow.tasks.dataset import DatasetTask
+def from_dataset_config(cfg):
+    """The registered factory of ``task.name = "dataset"``: a file of prompts and a reward
+    (`tokenflow.tasks.dataset`), or with ``task.env`` set an environment whose examples are the
+    file's rows. It lives here, above both, so that the dataset task never imports environments."""
+    from tokenflow.tasks import dataset
 
-    rows = DatasetTask(cfg.train_path, None, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
-                       prompt_field=cfg.prompt_field, seed=cfg.seed, require_prompt=False)
+    if not getattr(cfg, "env", None):
+        return dataset.from_config(cfg)
+    rows = dataset.DatasetTask(cfg.train_path, None, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
+                               prompt_field=cfg.prompt_field, seed=cfg.seed, require_prompt=False)
     return EnvTask(cfg.env, rows, seed=cfg.seed, num_eval=cfg.num_eval, prompt_field=cfg.prompt_field)

@@ -31,7 +31,7 @@ def make_report(run_dirs: list[str | Path], out_dir: str | Path, *, window_s: fl
     from tokenflow.report.idle import plot_idle
     from tokenflow.report.text import run_numbers, summary_text
     from tokenflow.report.throughput import plot_throughput
-    from tokenflow.runtime.progress import Progress
+    from tokenflow.runtime.view.progress import Progress
 
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, name) for p, name in zip(paths, run_names(paths))]

@@ -12,57 +12,14 @@ import json
 import logging
 import os
 import time
-from importlib import resources
 from pathlib import Path
 
 from tokenflow.metrics import trace
-from tokenflow.runtime import phases
-from tokenflow.runtime.run_dir import RunDir
+from tokenflow.metrics import phases
+from tokenflow.model_store import resolve_model_path
+from tokenflow.runtime.run.run_dir import RunDir
 
 log = logging.getLogger(__name__)
-
-
-def default_model_path() -> Path:
-    return Path(str(resources.files("tokenflow") / "assets" / "default_model"))
-
-
-def default_moe_model_path() -> Path:
-    """The tiny mixture-of-experts policy (the default model upcycled into a Mixtral)."""
-    return Path(str(resources.files("tokenflow") / "assets" / "default_moe_model"))
-
-
-def default_config_path() -> Path:
-    """The embedded default run (preset "tiny-cpu"): the shipped model on the arithmetic task,
-    async, on the CPU."""
-    from tokenflow.config.presets import DEFAULT_PRESET, preset_path
-
-    return preset_path(DEFAULT_PRESET)
-
-
-SHIPPED_MODELS = {
-    "default": ("default_model", "make_default_model"),
-    "default-moe": ("default_moe_model", "make_moe_model"),
-    "default-tool": ("tool_model", "make_tool_model"),
-}
-"""``model.path`` names of the tiny models the package ships: (assets folder, the script that
-rebuilds it)."""
-
-
-def resolve_model_path(path: str) -> str:
-    if path in SHIPPED_MODELS:
-        folder, script = SHIPPED_MODELS[path]
-        p = Path(str(resources.files("tokenflow") / "assets" / folder))
-        if not (p / "model.safetensors").is_file():
-            raise FileNotFoundError(
-                f"the shipped model {path!r} is missing from {p}; rebuild it with "
-                f"`python -m tokenflow.tools.{script} --out src/tokenflow/assets/{folder}`")
-        return str(p)
-    if not Path(path).is_dir():
-        from tokenflow.runtime.preflight import InputError
-
-        raise InputError(f"model.path {path!r} is not a folder; point model.path at a Hugging Face model "
-                         "folder (config.json, *.safetensors, tokenizer files)")
-    return path  # its contents are checked by tokenflow.runtime.preflight.check_model_folder
 
 
 def default_run_dir(cfg) -> Path:
@@ -80,11 +37,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _make_backend(cfg, engine_model: str, trainer_model: str, version: int, resume_dir, trace_dir):
     if cfg.runtime.backend == "ray":
-        from tokenflow.runtime.ray_backend import RayBackend
+        from tokenflow.runtime.backends.ray.backend import RayBackend
 
         return RayBackend(cfg, engine_model, trainer_model, engine_version=version,
                           resume_dir=resume_dir, trace_dir=trace_dir).start()
-    from tokenflow.runtime.local import LocalBackend
+    from tokenflow.runtime.backends.local.backend import LocalBackend
 
     return LocalBackend(cfg, engine_model, trainer_model, engine_version=version,
                         resume_dir=resume_dir, trace_dir=trace_dir).start()
@@ -103,7 +60,7 @@ def _fork_context(cfg):
     """The fork-server context the local backend's workers start from, or None (spawn, Ray)."""
     if cfg.runtime.backend != "local" or cfg.runtime.start_method != "forkserver":
         return None
-    from tokenflow.runtime.worker_start import available, context
+    from tokenflow.runtime.backends.local.start import available, context
 
     return context("forkserver") if available("forkserver") else None
 
@@ -112,8 +69,8 @@ def _import_run_modules() -> None:
     """What this process imports to run the orchestrator (none of it torch), imported now: with
     a fork server the preflight waits for its imports, and this costs nothing then."""
     import tokenflow.metrics.sinks  # noqa: F401
-    import tokenflow.runtime.local  # noqa: F401
-    import tokenflow.runtime.orchestrator  # noqa: F401
+    import tokenflow.runtime.backends.local.backend  # noqa: F401
+    import tokenflow.runtime.orchestrator.orchestrator  # noqa: F401
     import tokenflow.scoring.pool  # noqa: F401
     import tokenflow.scoring.stage  # noqa: F401
 
@@ -126,8 +83,8 @@ def _import_run_modules() -> None:
 
 def prepare(cfg, model: str):
     """Everything a run needs that can be wrong in the user's input, checked before the run folder
-    or any process exists (``tokenflow.runtime.preflight``): (task, tokenizer)."""
-    from tokenflow.runtime import preflight
+    or any process exists (``tokenflow.runtime.run.preflight``): (task, tokenizer)."""
+    from tokenflow.runtime.run import preflight
     from tokenflow.tasks import build_task
 
     preflight.check_model_folder(model)
@@ -152,14 +109,14 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
 
     Resuming a folder that holds no checkpoint yet (the run died before its first one) starts it
     again from step 0 with its stored config; resuming a finished run raises ``RunFinished``."""
-    from tokenflow.runtime.run_resources import release_segments, run_resources
+    from tokenflow.runtime.run.resources import release_segments, run_resources
 
     rd = RunDir(run_dir)
     if resume:
         done = rd.finished(cfg.run.steps)
         if done is not None:
             raise RunFinished(done, rd.root)
-    from tokenflow.runtime import worker_start
+    from tokenflow.runtime.backends.local import start as worker_start
 
     phases.reset(keep=("cli_main", "config_loaded"))  # an earlier run's marks (tests, benches)
     if cfg.runtime.backend == "local" and cfg.runtime.start_method == "forkserver":
@@ -182,7 +139,7 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
 def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     from tokenflow.config.loading import to_toml
     from tokenflow.metrics.sinks import build_logger
-    from tokenflow.runtime.orchestrator import Orchestrator
+    from tokenflow.runtime.orchestrator.orchestrator import Orchestrator
     from tokenflow.scoring.pool import ScorerPool
     from tokenflow.scoring.stage import build_scoring
 
@@ -198,7 +155,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         if cfg.trainer.lora_rank is not None:  # the adapters resume on the base, not the merged model
             trainer_model = model
         resume_dir = str(ckpt)
-        from tokenflow.runtime.preflight import load_tokenizer
+        from tokenflow.runtime.run.preflight import load_tokenizer
 
         tokenizer = load_tokenizer(trainer_model, _fork_context(cfg))
         log.info("resuming %s from step %d", rd.root, version)
@@ -220,7 +177,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
         phases.mark("workers_spawned")
         if cfg.runtime.backend == "ray":
-            from tokenflow.runtime.ray_scoring import RayScorerPool
+            from tokenflow.runtime.backends.ray.scoring import RayScorerPool
 
             scorer = RayScorerPool(reward_spec, cfg)
         else:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
-from tokenflow.runtime.workers import WorkerDied
+from tokenflow.errors import WorkerDied
 from tokenflow.scoring.shapes import normalise_group, shape_of
 
 log = logging.getLogger(__name__)

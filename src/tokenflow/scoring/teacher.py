@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from tokenflow.scoring.token_scorers import SampleView, TokenScores
+from tokenflow.scoring.token_scores import SampleView, TokenScores
 
 log = logging.getLogger(__name__)
 

@@ -1,54 +1,22 @@
-"""Per-token scorers: what they see of a sample, what they return, and how they are built.
+"""Per-token scorers: how they are built and how their rewards land on rollouts.
 
-A token scorer gets one prompt's group at a time (so a model-based scorer runs one batched
-forward pass per group) as :class:`SampleView`\\ s — ids, text, behaviour log-probs — and returns
-:class:`TokenScores`: one reward per completion token per sample (0 on tokens outside the loss
-mask) and a few group-level metrics. It runs in its own worker process (a model stays loaded
-there); :func:`build_token_scorer` is what that worker calls.
+What a scorer sees and returns (`SampleView`, `TokenScores`) is in ``tokenflow.scoring.token_scores``.
+A scorer runs in its own worker process (a model stays loaded there); :func:`build_token_scorer`
+is what that worker calls.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 
 from tokenflow.rollout import Rollout
 from tokenflow.scoring.shapes import normalise_token_rewards, shape_of
+from tokenflow.scoring.token_scores import SampleView, TokenScorer, TokenScores
 
-
-@dataclass
-class SampleView:
-    """What a token scorer sees of one rollout (picklable, no tensors)."""
-
-    prompt_ids: np.ndarray
-    completion_ids: np.ndarray
-    text: str
-    behaviour: np.ndarray
-    """Full-vocabulary behaviour log-prob log μ(a_t) = log softmax(logits/T)[a_t], from the engine."""
-    temperature: float
-    loss_mask: np.ndarray
-
-    @classmethod
-    def of(cls, r: Rollout) -> "SampleView":
-        return cls(r.prompt_ids, r.completion_ids, r.text or "", r.full_logprobs, r.temperature, r.loss_mask)
-
-
-@dataclass
-class TokenScores:
-    rewards: list[np.ndarray]
-    """Per sample, one reward per completion token (unweighted; the stage applies the coefficient)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Group-level numbers, logged as ``scorer/<name>/<key>`` (mean over the step's samples)."""
-
-
-class TokenScorer(Protocol):
-    name: str
-
-    def score(self, prompt: str, samples: list[SampleView], example: dict) -> TokenScores:
-        """Called in the scorer's worker once per group, for training groups only."""
-        ...
+__all__ = ["SampleView", "TokenScorer", "TokenScores", "TokenScorerSpec", "apply_token_scores",
+           "build_token_scorer", "token_scorer_specs"]
 
 
 class FunctionTokenScorer:
@@ -85,7 +53,7 @@ def token_scorer_specs(scorer_cfg) -> list[TokenScorerSpec]:
     if scorer_cfg.token is not None:
         specs.append(TokenScorerSpec("token", "token", scorer_cfg.token_coef, {"spec": scorer_cfg.token}))
     if scorer_cfg.teacher is not None or scorer_cfg.prm is not None:
-        from tokenflow.runtime.launch import resolve_model_path  # "default" → the shipped model
+        from tokenflow.model_store import resolve_model_path  # "default" → the shipped model
     if scorer_cfg.teacher is not None:
         t = scorer_cfg.teacher
         specs.append(TokenScorerSpec("teacher", "teacher", t.distill_coef,

@@ -7,12 +7,12 @@
 Modules: ``config`` (sections), ``loading`` (TOML, presets, overrides), ``presets``,
 ``workload`` (length distributions), ``costs`` (rate model), ``engine`` / ``trainer`` /
 ``buffer`` / ``pipeline`` (the processes), ``metrics`` (results), ``sweep``, ``calibration``
-(the runtime's ``calibration.json`` schema), ``fit`` and ``calibrate`` (fitting a real run),
+(``timings``: the runtime's ``calibration.json`` schema; ``fit`` and ``calibrate``: fitting a real run),
 ``report`` (tables, figure). See docs/simulate.md.
 """
 
-from tokenflow.sim.calibrate import CalibrationReport, calibrate
-from tokenflow.sim.calibration import Calibration
+from tokenflow.sim.calibration.calibrate import CalibrationReport, calibrate
+from tokenflow.sim.calibration.timings import Calibration
 from tokenflow.sim.config import (
     HardwareConfig,
     PipelineConfig,

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tokenflow.sim.calibrate import CalibrationReport
+from tokenflow.sim.calibration.calibrate import CalibrationReport
 from tokenflow.sim.metrics import SimResult
 from tokenflow.sim.sweep import SweepResult
 

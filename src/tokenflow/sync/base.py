@@ -1,4 +1,5 @@
-"""Weight sync from trainer to engines: one small interface, several transports.
+"""Weight sync from trainer to engines: one small interface, several transports
+(built by ``tokenflow.sync.factory``).
 
 The trainer holds a ``WeightSender``, each engine a ``WeightReceiver``; they agree at start on a
 ``SyncSpec`` that the sender builds (layout, shared-memory names or a rendezvous address) and the
@@ -94,27 +95,3 @@ class WeightReceiver(Protocol):
     def busy(self) -> bool:
         """True while a transfer still runs in the background (after ``close`` too)."""
         ...
-
-
-def make_sender(transport: str, named_tensors: NamedTensors, **options) -> WeightSender:
-    if transport == "shared_memory":
-        from tokenflow.sync.shared_memory import SharedMemorySender
-
-        return SharedMemorySender(named_tensors, **options)
-    if transport == "broadcast":
-        from tokenflow.sync.broadcast import BroadcastSender
-
-        return BroadcastSender(named_tensors, **options)
-    raise ValueError(f"unknown sync transport {transport!r}; choose shared_memory or broadcast")
-
-
-def make_receiver(spec: SyncSpec, **options) -> WeightReceiver:
-    if spec.transport == "shared_memory":
-        from tokenflow.sync.shared_memory import SharedMemoryReceiver
-
-        return SharedMemoryReceiver(spec, **options)
-    if spec.transport == "broadcast":
-        from tokenflow.sync.broadcast import BroadcastReceiver
-
-        return BroadcastReceiver(spec, **options)
-    raise ValueError(f"unknown sync transport {spec.transport!r}")

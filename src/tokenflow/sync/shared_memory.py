@@ -19,6 +19,7 @@ import torch
 from tokenflow.metrics import trace
 from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
 from tokenflow.sync.layout import pack, plan_layout, views
+from tokenflow.sync.names import shm_prefix
 
 SLOTS = 2
 
@@ -46,10 +47,8 @@ def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
 class SharedMemorySender:
     def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0) -> None:
         layout = plan_layout(named_tensors)
-        # Named after the run (see tokenflow.runtime.run_resources): a killed run's segments are
-        # found and removed when it resumes.
-        from tokenflow.runtime.run_resources import shm_prefix
-
+        # Named after the run (tokenflow.sync.names): a killed run's segments are found and
+        # removed when it resumes.
         tag = f"{shm_prefix()}_{uuid.uuid4().hex[:8]}"
         size = max(1, layout.total_bytes)
         self._slots = [shared_memory.SharedMemory(name=f"{tag}_{i}", create=True, size=size) for i in range(SLOTS)]

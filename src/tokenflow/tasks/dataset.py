@@ -120,7 +120,7 @@ class DatasetTask:
         self.prompt_field = prompt_field
         self.seed = seed
         numbers, rows = read_numbered_rows(train_path, prompt_field, require_prompt)
-        # (where, prompt) of every row, for checks that name a row (tokenflow.runtime.preflight)
+        # (where, prompt) of every row, for checks that name a row (tokenflow.runtime.run.preflight)
         self.rows = [(_where(train_path, n), self._text(r)) for n, r in zip(numbers, rows)]
         # What `tokenflow eval` names as scored: the eval file, or the share held out of train_path.
         self.eval_source = (Path(eval_path).name if eval_path
@@ -160,11 +160,7 @@ class DatasetTask:
 
 
 def from_config(cfg):
-    """The registered factory (``task.name = "dataset"``); with ``task.env`` set, the rows are an
-    environment's examples (`tokenflow.envs.task.from_dataset_config`)."""
-    if getattr(cfg, "env", None):
-        from tokenflow.envs.task import from_dataset_config
-
-        return from_dataset_config(cfg)
+    """A file of prompts scored by ``task.reward`` (``task.name = "dataset"`` without ``task.env``;
+    the registered factory, `tokenflow.envs.task.from_dataset_config`, decides)."""
     return DatasetTask(cfg.train_path, cfg.reward, eval_path=cfg.eval_path, eval_fraction=cfg.eval_fraction,
                        prompt_field=cfg.prompt_field, seed=cfg.seed)

@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tokenflow.evaluation import greedy_accuracy
-    from tokenflow.runtime.launch import default_model_path
+    from tokenflow.model_store import shipped_model_path
     from tokenflow.tasks.arithmetic import ArithmeticTask
     from tokenflow.tools.make_default_model import save_warm_started, sft_batch
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
-    dense_dir = args.dense or default_model_path()
+    dense_dir = args.dense or shipped_model_path("default")
     dense = AutoModelForCausalLM.from_pretrained(dense_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(dense_dir)
     moe = upcycle(dense, args.experts, args.top_k, args.expert_noise, args.router_std, args.seed)

@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from tokenflow.engine.kv_cache import KVCache
+from tokenflow.engine.cache.kv_cache import KVCache
 
 
 @dataclass

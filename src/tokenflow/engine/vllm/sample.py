@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenflow.engine.sampling_params import SamplingParams
-from tokenflow.engine.weights import IGNORED_SUFFIXES
+from tokenflow.engine.loading.weights import IGNORED_SUFFIXES
 from tokenflow.rollout import Rollout
 
 

@@ -107,3 +107,12 @@ def load_into(llm, named: dict, version: int, path: str) -> None:
         llm.finish_weight_update(weight_version=str(version))
     else:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+
+
+class RotaryReloadNotice(logging.Filter):
+    """vLLM's layerwise reload warns "RotaryEmbedding: Failed to load weights" at every update:
+    the rotary cos/sin cache is computed, never in a checkpoint, and vLLM puts it back as it was.
+    Correct, and one line per update would bury the run's own log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.args and record.args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))

@@ -1,0 +1,21 @@
+"""Errors every layer may raise, so that none has to import a higher one to raise them.
+
+* `ConfigError`: a config that cannot be used (a bad key, value or file; exit 2 too).
+* `InputError`: bad user input found before a run started (``tokenflow train`` exits 2 on it,
+  printing the one-line message, which names the problem and the fix).
+* `WorkerDied`: a worker process (engine, trainer rank, scorer) ended while the run needed it.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names each bad key and what would be valid."""
+
+
+class InputError(ValueError):
+    """Bad input found before the run started; the message names the problem and the fix."""
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died; the message names it and how it ended."""

@@ -1,0 +1,91 @@
+"""The orchestrator's inbox: every message a worker sends, routed to what it changes, and the
+watchdog that turns a silent worker into a clear failure.
+
+    engine ──Generated──► scorer pool (train) / held-out round (eval)
+           ──WeightsLoaded──► buffer's engine version      ──EngineStatus──► live figures
+    trainer ──TrainerReady──► engines attach to the weight sync   ──Trained / Saved──► step / checkpoint
+    any ──WorkerFailed──► RunFailed     Ray ──WorkerRestarted / SyncBroken / SyncReformed──► restarts
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tokenflow.metrics import phases
+from tokenflow.runtime.orchestrator import run_state
+from tokenflow.runtime.orchestrator.restarts import attach_reformed, resend_after_restart
+from tokenflow.runtime.orchestrator.run_state import RunFailed
+from tokenflow.runtime.workers import messages as M
+
+log = logging.getLogger(__name__)
+
+
+def handle(orch, worker: str, msg) -> None:
+    """Apply one message from ``worker`` to the orchestrator's state."""
+    if isinstance(msg, M.Generated):
+        sent = orch.group_engine.pop(msg.group_id, None)
+        if sent is None and msg.kind == "train":
+            return  # not outstanding: a second copy after an engine restart, or aborted work
+        if sent is not None:
+            engine, n = sent
+            engine.load -= n  # not len(rollouts): a multi-row episode brings more rows
+        if msg.kind == "eval":
+            orch.heldout.on_generated(msg.group_id, msg.rollouts)
+            return
+        prompt = orch.prompts[msg.group_id]
+        orch.calibration.rollouts(msg.rollouts)
+        orch.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
+    elif isinstance(msg, M.Trained):
+        orch._on_trained(msg)
+    elif isinstance(msg, M.WeightsLoaded):
+        orch.engine_versions[worker] = msg.version
+        orch.buffer.set_engine_version(min(orch.engine_versions.values()))
+        orch.sync_timings.append(msg.timings)
+        orch._maybe_unpause()
+    elif isinstance(msg, M.EngineStatus):
+        orch.engine_totals.update(worker, msg)
+        orch.calibration.engine_status(msg)
+        orch._show_live()
+    elif isinstance(msg, M.Saved):
+        run_state.on_saved(orch, msg)
+    elif isinstance(msg, M.WorkerBooted):
+        orch.booted.add(worker)
+        orch.worker_marks.update(msg.marks)
+    elif isinstance(msg, M.TrainerReady):
+        phases.mark("trainer_ready")
+        orch.trainer_busy = False
+        orch.trainer_ready = True
+        orch.num_parameters = msg.num_parameters
+        orch.sync_spec = msg.sync_spec
+        for i, engine in enumerate(orch.backend.engines):
+            engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
+    elif isinstance(msg, M.WorkerRestarted):
+        resend_after_restart(orch, msg)
+    elif isinstance(msg, M.SyncBroken):
+        if not orch.backend.restarts_engines:
+            raise RunFailed(f"the weight push of version {msg.version} failed: {msg.error}")
+        log.warning("the weight push of version %d failed; the weight-sync group is re-formed once the "
+                    "engine is back (%s)", msg.version, msg.error.splitlines()[0])
+        orch.sync_broken = (time.monotonic(), msg)
+    elif isinstance(msg, M.SyncReformed):
+        attach_reformed(orch, msg)
+    elif isinstance(msg, M.WorkerFailed):
+        raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
+    else:
+        raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")
+
+
+def check_timeouts(orch) -> None:
+    """Fail the run when a worker has been silent past ``runtime.worker_timeout_s``."""
+    limit = orch.cfg.runtime.worker_timeout_s
+    now = time.monotonic()
+    if orch.sync_broken is not None and now - orch.sync_broken[0] > limit:
+        raise RunFailed(f"the weight push of version {orch.sync_broken[1].version} failed and no engine came "
+                        f"back within {limit:g}s (runtime.worker_timeout_s): {orch.sync_broken[1].error}")
+    for name, t in orch.last_msg_from.items():
+        if name == orch.backend.trainer.name and not orch.trainer_busy:
+            continue  # an idle trainer has nothing to say; it answers every Train and Save
+        if now - t > limit:
+            raise RunFailed(f"the {name} worker sent nothing for {now - t:.0f}s "
+                            f"(runtime.worker_timeout_s = {limit:g}); it is hung or overloaded")

@@ -1,0 +1,203 @@
+"""Typed messages between the orchestrator, the engine worker and the trainer worker.
+
+Nothing but these dataclasses (and the ``Rollout`` records and ``WeightsReady`` notices they
+carry) crosses a process boundary, so each side can read what the other may send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tokenflow.rollout import Rollout
+
+RequestKind = Literal["train", "eval"]
+
+
+# ---- orchestrator → engine -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Generate:
+    """Sample ``params.n`` completions of one prompt; they come back as one ``Generated`` group."""
+
+    group_id: int
+    prompt_id: int
+    prompt_ids: list[int]
+    params: object  # tokenflow.engine.SamplingParams (kept untyped here to stay import-light)
+    kind: RequestKind = "train"
+    episode: object = None
+    """An environment task's `tokenflow.runtime.drivers.episodes.EpisodeSpec`: the engine worker runs
+    ``params.n`` multi-turn episodes (``prompt_ids`` is then unused: each reset gives its own)."""
+
+
+@dataclass(frozen=True)
+class AttachSync:
+    """The trainer's weight-sync spec; the engine builds its receiver from it."""
+
+    spec: object  # tokenflow.sync.base.SyncSpec
+    receiver_index: int = 0
+    # Generate nothing until weights of at least this version are loaded: after a broadcast group
+    # is re-formed the trainer's catch-up push is on its way, and a restarted engine holds only
+    # the weights it was built with.
+    min_version: int = 0
+
+
+@dataclass(frozen=True)
+class SetPaused:
+    """Blocking mode: generation and training take turns."""
+
+    paused: bool
+
+
+@dataclass(frozen=True)
+class SetThreads:
+    """Use this many torch threads: after the last step the trainer's cores are free, and the
+    final evaluation (the engines alone) gets them."""
+
+    threads: int
+
+
+@dataclass(frozen=True)
+class AbortKind:
+    """Drop every unfinished request of this kind (e.g. leftover training work before the final eval)."""
+
+    kind: RequestKind
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# ---- engine → orchestrator -----------------------------------------------------------------
+@dataclass
+class Generated:
+    """All samples of one ``Generate`` request, finished."""
+
+    group_id: int
+    kind: RequestKind
+    rollouts: list[Rollout]
+
+
+@dataclass
+class WeightsLoaded:
+    version: int
+    timings: dict[str, float]
+
+
+@dataclass
+class EngineStatus:
+    """Cumulative counters since the worker started, sent about once a second and on demand."""
+
+    version: int
+    busy_s: float
+    wall_s: float
+    tokens: int
+    decode_steps: int
+    decode_s: float
+    prefill_tokens: int
+    prefill_s: float
+    running: int
+    waiting: int
+    pauses: list[float] = field(default_factory=list)
+    """Engine pause per weight update since the last status (seconds)."""
+    decode_samples: list[tuple[int, float]] = field(default_factory=list)
+    """(running sequences, seconds) per decode step since the last status, for calibration."""
+    prefill_samples: list[tuple[int, float]] = field(default_factory=list)
+
+
+# ---- orchestrator → trainer ----------------------------------------------------------------
+@dataclass
+class Train:
+    step: int
+    rollouts: list[Rollout]
+    sync_weights: bool = True
+    """Push the new weights to the engines after this step."""
+
+
+@dataclass(frozen=True)
+class Save:
+    directory: str
+
+
+@dataclass(frozen=True)
+class ReformSync:
+    """Broadcast transport: an engine was replaced, and a gloo/NCCL group cannot take in a new
+    member. Build a new group, hand its spec back (``SyncReformed``), wait until every engine
+    has joined it, and push the current weights to all of them."""
+
+    engine: str
+
+
+# ---- trainer → orchestrator ----------------------------------------------------------------
+@dataclass
+class TrainerReady:
+    version: int
+    sync_spec: object
+    num_parameters: int
+
+
+@dataclass
+class Trained:
+    step: int
+    version: int
+    metrics: dict[str, float]
+    train_s: float
+    sync_s: float
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Saved:
+    directory: str
+
+
+@dataclass
+class SyncReformed:
+    """A new weight-sync group is waiting for the engines; its catch-up push carries ``version``."""
+
+    sync_spec: object
+    version: int
+
+
+@dataclass(frozen=True)
+class SyncBroken:
+    """A weight push failed part-way (broadcast: a receiver dropped out, e.g. its engine died).
+    The step itself stands; engines keep older weights until a re-formed group brings newer."""
+
+    version: int
+    error: str
+
+
+# ---- backend → orchestrator ----------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerRestarted:
+    """A worker process died and its replacement is up (Ray backend, ``runtime.max_engine_restarts``).
+    Whatever the dead process held is gone; the orchestrator re-sends its work and sync spec."""
+
+    worker: str
+    restarts: int
+
+
+# ---- any worker → orchestrator -------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerBooted:
+    """A worker is built (imports done, model loaded): its start-up marks (``runtime.phases``,
+    seconds since the epoch), for the run's phase breakdown. Informational only."""
+
+    worker: str
+    marks: dict
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    worker: str
+    error: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What goes on the shared result queue: the sender's name and its message."""
+
+    worker: str
+    message: object
