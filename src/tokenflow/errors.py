@@ -1,6 +1,8 @@
 """Errors every layer may raise, so that none has to import a higher one to raise them.
 
 * `ConfigError`: a config that cannot be used (a bad key, value or file; exit 2 too).
+* `CheckpointError`: a checkpoint that cannot be written, or a run folder's file that does not
+  read as what it should be (damaged or tampered with); exit 2 on resume.
 * `InputError`: bad user input found before a run started (``tokenflow train`` exits 2 on it,
   printing the one-line message, which names the problem and the fix).
 * `WorkerDied`: a worker process (engine, trainer rank, scorer) ended while the run needed it.
@@ -11,6 +13,10 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names each bad key and what would be valid."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file and what to do."""
 
 
 class InputError(ValueError):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import errno
 import multiprocessing as mp
-import pickle
 from multiprocessing import resource_tracker, shared_memory
 
 import pytest
 
+from tokenflow.runtime.run import run_dir
 from tokenflow.runtime.run.run_dir import CheckpointError, RunDir, verify_checkpoint
 from tokenflow.runtime.run.resources import RunInUse, leftovers, run_resources, run_tag
 
@@ -19,7 +19,12 @@ def write_checkpoint(rd: RunDir, step: int, keep: int = 3):
     (staging / "model").mkdir()
     (staging / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 64)
     (staging / "trainer_state.pt").write_bytes(b"state %d" % step)
-    return rd.commit_checkpoint(staging, step, {"step": step}, {"buffer": step}, keep)
+    return rd.commit_checkpoint(staging, step, {"step": step, "cursor": step, "next_group_id": step},
+                                EMPTY_BUFFER, keep)
+
+
+EMPTY_BUFFER = {"engine_version": 0, "rollouts_admitted": 0, "in_flight": [], "ready": {}, "age_histogram": {},
+                "groups_dropped": 0, "flat_groups_kept": 0}
 
 
 def test_a_damaged_or_unfinished_checkpoint_is_never_loaded(tmp_path):
@@ -48,16 +53,16 @@ def test_a_damaged_or_unfinished_checkpoint_is_never_loaded(tmp_path):
 def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
     rd = RunDir(tmp_path).create()
     two = write_checkpoint(rd, 2, keep=1)
-    real_dump = pickle.dump
+    real_write = run_dir.write_buffer_state
 
-    def full_disk(obj, f, *a, **k):
-        f.write(b"partial")
+    def full_disk(folder, state):
+        (folder / "buffer.json").write_text("{")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pickle, "dump", full_disk)
+    monkeypatch.setattr(run_dir, "write_buffer_state", full_disk)
     with pytest.raises(CheckpointError, match=r"step 4 failed .*No space left.*step_000002\) is intact; free disk space"):
         write_checkpoint(rd, 4, keep=1)
-    monkeypatch.setattr(pickle, "dump", real_dump)
+    monkeypatch.setattr(run_dir, "write_buffer_state", real_write)
     assert not list(rd.checkpoints.glob(".tmp-*"))  # the half-written one is gone
     assert rd.complete_checkpoints() == [two] and rd.latest_checkpoint() == two
     assert verify_checkpoint(two) is None

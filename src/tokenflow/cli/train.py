@@ -58,12 +58,12 @@ def help_config(cfg) -> str:
 def _input_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean bad input (exit 2, one line), as opposed to a run that failed (exit 1)."""
     from tokenflow.config.loading import ConfigError
-    from tokenflow.errors import InputError
+    from tokenflow.errors import CheckpointError, InputError
     from tokenflow.runtime.run.resources import RunInUse
     from tokenflow.tasks.dataset import DatasetError
     from tokenflow.tasks.reward_loading import RewardFunctionError
 
-    return ConfigError, InputError, DatasetError, RewardFunctionError, RunInUse
+    return ConfigError, InputError, DatasetError, RewardFunctionError, RunInUse, CheckpointError
 
 
 def _one_line(e: Exception) -> str:

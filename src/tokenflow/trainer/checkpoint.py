@@ -1,4 +1,8 @@
-"""Random-number-generator state for exact resumption (torch, CUDA, NumPy, Python)."""
+"""Random-number-generator state for exact resumption (torch, CUDA, NumPy, Python).
+
+Kept to tensors, ints, floats, strings and tuples, so that ``trainer_state.pt`` loads with
+``torch.load(weights_only=True)``: a checkpoint never needs the unpickler that runs code.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ import torch
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -19,7 +26,9 @@ def set_rng_state(state: dict) -> None:
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state:
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, cached))
     if "python" in state:
         random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():

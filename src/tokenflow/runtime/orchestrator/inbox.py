@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from tokenflow.errors import CheckpointError
 from tokenflow.metrics import phases
 from tokenflow.runtime.orchestrator import run_state
 from tokenflow.runtime.orchestrator.restarts import attach_reformed, resend_after_restart
@@ -71,6 +72,8 @@ def handle(orch, worker: str, msg) -> None:
     elif isinstance(msg, M.SyncReformed):
         attach_reformed(orch, msg)
     elif isinstance(msg, M.WorkerFailed):
+        if msg.user_error:  # a run folder's file that does not read: the message says which and what to do
+            raise CheckpointError(msg.error.split(": ", 1)[-1])
         raise RunFailed(f"the {msg.worker} worker failed: {msg.error}\n{msg.traceback}")
     else:
         raise TypeError(f"orchestrator got an unknown message {type(msg).__name__} from {worker}")

@@ -8,7 +8,8 @@
       workers.json         name → pid of each worker process of the current invocation
       summary.json         baseline/final accuracy, wall time, steps, idle fractions
       calibration.json     component timings for `tokenflow simulate --calibrate`
-      tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json, buffer.pkl}
+      tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json,
+                                               buffer.json, buffer.safetensors}
 
 A checkpoint is written into a hidden temporary folder, closed with a ``manifest.json`` (the
 size and SHA-256 of every file in it), flushed to disk and renamed into place, so a folder named
@@ -17,6 +18,12 @@ removed on resume. A checkpoint is loaded only if its manifest is there and ever
 it: one damaged later (a torn copy, a disk error) is set aside as ``.bad-step_*`` and the one
 before it is used. A write that fails (a full disk) removes its temporary folder and leaves the
 previous checkpoint as it was.
+
+Nothing in a run folder is code: the orchestrator's and the buffer's state are JSON, the
+buffer's rollouts safetensors (`tokenflow.rollout_files`), the trainer's state a tensors-only
+``torch.save`` read back with ``weights_only=True``. A run folder from elsewhere can be resumed
+without trusting it to run nothing; a file that does not read as what it should be is a
+`CheckpointError` naming the file, and the checkpoint is not used.
 """
 
 from __future__ import annotations
@@ -26,19 +33,16 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import shutil
 from pathlib import Path
 
+from tokenflow.errors import CheckpointError
 from tokenflow.metrics.sinks import read_jsonl
+from tokenflow.rollout_files import RolloutFileError, decode, encode
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 def _sha256(path: Path) -> str:
@@ -83,6 +87,70 @@ def verify_checkpoint(root: Path) -> str | None:
         if _sha256(p) != want["sha256"]:
             return f"{rel} does not match its checksum"
     return None
+
+
+def _read_json(path: Path, kind: type):
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete: delete it to resume "
+                              "from the one before") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is damaged: delete it to "
+                              "resume from the one before") from None
+    if not isinstance(value, kind):
+        raise CheckpointError(f"{path} holds a {type(value).__name__}, not a {kind.__name__}; the checkpoint "
+                              "is damaged or not tokenflow's: delete it to resume from the one before")
+    return value
+
+
+def write_buffer_state(folder: Path, state: dict) -> None:
+    """The buffer's counters as ``buffer.json``, its scored groups' rollouts as ``buffer.safetensors``."""
+    ready = state["ready"]
+    order = sorted(ready)
+    counters = {k: v for k, v in state.items() if k != "ready"}
+    counters["ready"] = [[int(gid), len(ready[gid])] for gid in order]
+    (folder / "buffer.json").write_text(json.dumps(counters, indent=1, allow_nan=False), encoding="utf-8")
+    (folder / "buffer.safetensors").write_bytes(encode([r for gid in order for r in ready[gid]]))
+
+
+def _ints(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_BUFFER_FIELDS = {  # what a buffer.json must hold, and a check of each
+    "engine_version": _ints, "rollouts_admitted": _ints,
+    "in_flight": lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(map(_ints, p))
+                                                       for p in v),
+    "ready": lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(map(_ints, p))
+                                                   for p in v),
+    "age_histogram": lambda v: isinstance(v, dict) and all(k.lstrip("-").isdigit() and _ints(c) for k, c in v.items()),
+}
+
+
+def read_buffer_state(folder: Path) -> dict:
+    state = _read_json(folder / "buffer.json", dict)
+    bad = [k for k, ok in _BUFFER_FIELDS.items() if k not in state or not ok(state[k])]
+    if bad:
+        raise CheckpointError(f"{folder / 'buffer.json'} has no valid {', '.join(bad)}; the checkpoint is damaged "
+                              "or not tokenflow's: delete it to resume from the one before")
+    blob = folder / "buffer.safetensors"
+    try:
+        rollouts = decode(blob.read_bytes())
+        groups, at = {}, 0
+        for gid, n in state["ready"]:
+            groups[int(gid)] = rollouts[at:at + int(n)]
+            at += int(n)
+        if at != len(rollouts):
+            raise RolloutFileError(f"buffer.json lists {at} rollouts, the file holds {len(rollouts)}")
+    except FileNotFoundError:
+        raise CheckpointError(f"{blob} is missing; the checkpoint is incomplete: delete it to resume from "
+                              "the one before") from None
+    except (RolloutFileError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{blob} does not read as the buffer's rollouts ({e}); the checkpoint is "
+                              "damaged or not tokenflow's: delete it to resume from the one before") from None
+    state["ready"] = groups
+    return state
 
 
 class RunDir:
@@ -156,9 +224,8 @@ class RunDir:
                           keep: int) -> Path:
         final = self.checkpoint_dir(step)
         try:
-            (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1))
-            with open(staging / "buffer.pkl", "wb") as f:
-                pickle.dump(buffer_state, f)
+            (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1, allow_nan=False))
+            write_buffer_state(staging, buffer_state)
             write_manifest(staging)
             if final.exists():
                 shutil.rmtree(final)
@@ -184,10 +251,19 @@ class RunDir:
 
     @staticmethod
     def load_checkpoint(path: Path) -> tuple[dict, dict]:
-        state = json.loads((path / "orchestrator.json").read_text())
-        with open(path / "buffer.pkl", "rb") as f:
-            buffer_state = pickle.load(f)
-        return state, buffer_state
+        """(orchestrator state, buffer state) of a checkpoint; `CheckpointError` naming the file
+        when either does not read."""
+        if (path / "buffer.pkl").exists():
+            raise CheckpointError(
+                f"{path / 'buffer.pkl'} is a pickle (a checkpoint from an older tokenflow); it is not loaded, "
+                "since unpickling a file runs code. Start the run again, or resume from a checkpoint "
+                "this version wrote")
+        state = _read_json(path / "orchestrator.json", dict)
+        for key, kind in (("step", int), ("cursor", int), ("next_group_id", int)):
+            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+                raise CheckpointError(f"{path / 'orchestrator.json'} has no integer {key!r}; the checkpoint is "
+                                      "damaged or not tokenflow's: delete it to resume from the one before")
+        return state, read_buffer_state(path)
 
     def append_rollouts(self, step: int, rollouts) -> None:
         """Record the rollouts a step consumed (``run.save_rollouts``), one JSON object each."""

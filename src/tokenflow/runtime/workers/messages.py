@@ -193,6 +193,9 @@ class WorkerFailed:
     worker: str
     error: str
     traceback: str
+    user_error: bool = False
+    """The worker raised a `tokenflow.errors.CheckpointError` (a run folder's file that does not
+    read): the run ends with the one-line message, exit 2, not a traceback."""
 
 
 @dataclass(frozen=True)

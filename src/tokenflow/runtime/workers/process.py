@@ -19,7 +19,7 @@ import os
 import threading
 import traceback
 
-from tokenflow.errors import WorkerDied
+from tokenflow.errors import CheckpointError, WorkerDied
 from tokenflow.runtime.workers.messages import Envelope, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ def worker_main(name: str, out_q, body) -> None:
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: BLE001 - everything must reach the orchestrator
-        out_q.put(Envelope(name, WorkerFailed(name, f"{type(e).__name__}: {e}", traceback.format_exc())))
+        out_q.put(Envelope(name, WorkerFailed(name, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                                              user_error=isinstance(e, CheckpointError))))
         raise SystemExit(1) from None
 
 

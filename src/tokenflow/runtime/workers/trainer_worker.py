@@ -13,6 +13,7 @@ import queue
 import time
 from pathlib import Path
 
+from tokenflow.errors import CheckpointError
 from tokenflow.metrics import trace
 from tokenflow.runtime.workers.messages import (
     Envelope,
@@ -58,7 +59,14 @@ def save_trainer(trainer, directory: str | Path) -> None:
 def load_trainer_state(trainer, directory: str | Path) -> None:
     import torch
 
-    state = torch.load(Path(directory) / STATE_FILE, weights_only=False)
+    # Tensors and plain values only: a tampered file cannot run code here (no full unpickler).
+    path = Path(directory) / STATE_FILE
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever the unpickler refused, say which file
+        raise CheckpointError(f"{path} does not load as a trainer state of tensors and numbers "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
+                         "damaged or not tokenflow's: delete it to resume from the one before") from None
     if not trainer.is_lora:
         state["model"] = trainer.model.state_dict()  # already loaded from directory/model
     trainer.load_state_dict(state)
