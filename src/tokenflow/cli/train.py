@@ -146,7 +146,9 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"interrupted; continue with: tokenflow train --resume {run_dir}", file=sys.stderr)
         return 130
     if args.json:
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        from tokenflow.metrics.sinks import dumps_strict
+
+        sys.stdout.write(dumps_strict(summary, indent=2) + "\n")
     else:
         from tokenflow.runtime.view.summary import print_summary
 

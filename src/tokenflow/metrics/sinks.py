@@ -28,6 +28,22 @@ class MetricSink(Protocol):
         ...
 
 
+def strict(value):
+    """``value`` with every non-finite float replaced by None, so that ``json.dumps(...,
+    allow_nan=False)`` writes strict JSON (a bare ``NaN`` is not JSON; other tools refuse it)."""
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps_strict(value, **kwargs) -> str:
+    return json.dumps(strict(value), allow_nan=False, **kwargs)
+
+
 def _clean(metrics: dict) -> dict:
     """Finite real scalars only, as plain Python numbers (NumPy scalars included; NaN/inf and
     non-numbers dropped)."""
@@ -50,7 +66,7 @@ class JsonlSink:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._f.write(json.dumps({"step": step, **_clean(metrics)}) + "\n")
+        self._f.write(json.dumps({"step": step, **_clean(metrics)}, allow_nan=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from tokenflow.metrics import trace
 from tokenflow.metrics import phases
+from tokenflow.metrics.sinks import dumps_strict
 from tokenflow.model_store import resolve_model_path
 from tokenflow.runtime.run.run_dir import RunDir
 
@@ -31,7 +31,7 @@ def default_run_dir(cfg) -> Path:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(dumps_strict(data, indent=2))
     os.replace(tmp, path)
 
 

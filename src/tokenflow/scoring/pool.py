@@ -20,6 +20,7 @@ initializer), so nothing but strings and small dicts crosses the process boundar
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import numbers
 import time
@@ -97,6 +98,9 @@ def _number(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} is {type(value).__name__} {value!r}; a reward function must return a "
                         "float (or a dict of floats with a 'reward' entry)")
+    if not math.isfinite(value):  # NaN/inf would poison every advantage of the group
+        raise ValueError(f"{what} is {float(value)!r}; a reward must be a finite number (the sample is "
+                         "counted as failed: reward/failed_frac)")
     return float(value)
 
 

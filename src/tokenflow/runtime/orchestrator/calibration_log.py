@@ -7,9 +7,10 @@ never fitted to them.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from tokenflow.metrics.sinks import dumps_strict
 
 MAX_SAMPLES = 20_000  # per series; reservoir-sampled beyond this
 
@@ -77,4 +78,4 @@ class CalibrationLog:
                          "trainer_idle_frac": summary["trainer_idle_frac"],
                          "engine_idle_frac": summary["engine_idle_frac"]},
         }
-        Path(path).write_text(json.dumps(data))
+        Path(path).write_text(dumps_strict(data))
