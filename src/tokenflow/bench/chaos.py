@@ -7,7 +7,10 @@ again and again: the whole process tree, the engine alone, the trainer alone, or
 alone, at a moment drawn from ``--seed`` (during start-up, or some way into a step). After a
 single worker is killed, the run must stop by itself within ``runtime.worker_timeout_s``, naming
 that worker and giving a resume command; after every kill, that command (``--resume``) is run.
-Once the kills are spent, the last resume runs to the end. Then:
+A kill counts only once it has landed (a run that finished first is not killed): the run is then
+extended (``--run.steps`` raised) and the bench keeps killing until ``--kills`` have landed, however
+fast the machine. Once they have, the last resume runs to the end, and the reference run (never
+killed) is run to the same final step. Then:
 
     prompts lost / repeated      prompts.jsonl + the summary's in-flight ids: exactly 0..max, once each
     metric rows duplicated       one training row and at most one evaluation row per step
@@ -229,29 +232,20 @@ def run(args, overrides: list[str] | None = None) -> int:
     steps, t_start = cfg.run.steps, time.monotonic()
     ref, chaos, chaos_log = out / "reference", out / "chaos", out / "chaos.log"
 
-    log.info("bench chaos: reference run (never killed) → %s", ref)
-    proc = _start([str(out / "config.toml"), "--output-dir", str(ref)], out / "reference.log")
-    if proc.wait() != 0:
-        print(f"error: the reference run failed; see {out / 'reference.log'}", file=sys.stderr)
-        return 1
-
     rng = random.Random(args.seed)
     schedule = [kinds[i % len(kinds)] for i in range(args.kills)]
     rng.shuffle(schedule)
-    records, finished = [], False
-    for i, kind in enumerate(schedule):
-        first = not chaos.exists()
-        cmd = [str(out / "config.toml"), "--output-dir", str(chaos)] if first else ["--resume", str(chaos)]
-        rec = _one_kill(kind, rng, cmd, chaos, chaos_log, steps, args.worker_timeout)
-        records.append(rec)
-        log.info("bench chaos: kill %d/%d %s", i + 1, args.kills, rec)
-        if rec.get("ended_by_itself") == 0:
-            finished = True
-            break
-    if not finished:
-        log.info("bench chaos: final resume → %s", chaos)
-        final = _start(["--resume", str(chaos)], chaos_log)
-        finished = final.wait() == 0
+    records, steps, failed = _kill_until_landed(schedule, rng, out, chaos, chaos_log, steps, args)
+    finished = False
+    if not failed:
+        log.info("bench chaos: final resume → %s (%d steps)", chaos, steps)
+        finished = _start(["--resume", str(chaos), "--run.steps", str(steps)], chaos_log).wait() == 0
+    log.info("bench chaos: reference run (never killed, %d steps) → %s", steps, ref)
+    proc = _start([str(out / "config.toml"), "--output-dir", str(ref), "--run.steps", str(steps)],
+                  out / "reference.log")
+    if proc.wait() != 0:
+        print(f"error: the reference run failed; see {out / 'reference.log'}", file=sys.stderr)
+        return 1
     result = _checks(checks, out, ref, chaos, records, steps, args, finished)
     result["wall_s"] = round(time.monotonic() - t_start, 1)
     (out / "chaos.json").write_text(json.dumps({**result, "kills_detail": records}, indent=2))
@@ -262,6 +256,34 @@ def run(args, overrides: list[str] | None = None) -> int:
     return 0 if result["ok"] else 1
 
 
+def _kill_until_landed(schedule: list[str], rng: random.Random, out: Path, chaos: Path, chaos_log: Path,
+                       steps: int, args) -> tuple[list[dict], int, bool]:
+    """Kill the chaos run until every kill of ``schedule`` has landed: (records, final steps, failed).
+
+    A kill that comes too late (the run finished first, as on a fast machine) does not count;
+    the run is extended by enough steps for the kills left, and resumed. A run that fails by
+    itself (exit != 0 without a kill) ends the attempt: the checks report it."""
+    records, landed = [], 0
+    for _ in range(4 * len(schedule)):  # a bound, never reached while kills keep landing
+        if landed == len(schedule):
+            break
+        kind = schedule[landed]
+        first = not chaos.exists()
+        cmd = [str(out / "config.toml"), "--output-dir", str(chaos)] if first else ["--resume", str(chaos)]
+        rec = _one_kill(kind, rng, [*cmd, "--run.steps", str(steps)], chaos, chaos_log, steps, args.worker_timeout)
+        records.append(rec)
+        if rec["killed"]:
+            landed += 1
+        elif rec.get("ended_by_itself") == 0:
+            steps += max(4, 2 * (len(schedule) - landed))
+            rec["extended_to"] = steps
+        else:
+            log.warning("bench chaos: the run failed by itself: %s", rec)
+            return records, steps, True
+        log.info("bench chaos: kill %d/%d landed %s", landed, len(schedule), rec)
+    return records, steps, False
+
+
 def _checks(checks, out: Path, ref: Path, chaos: Path, records: list[dict], steps: int, args, finished: bool) -> dict:
     from tokenflow.runtime.run.run_dir import RunDir
 
@@ -269,6 +291,7 @@ def _checks(checks, out: Path, ref: Path, chaos: Path, records: list[dict], step
     singles = [r for r in killed if r["kind"] != "tree"]
     result = {
         "kills": len(killed), "kills_requested": args.kills, "seed": args.seed, "steps": steps,
+        "kill_attempts": len(records), "extensions": sum("extended_to" in r for r in records),
         "kills_by_kind": {k: sum(r["kind"] == k for r in killed) for k in KINDS},
         "hangs": sum(bool(r.get("hang")) for r in singles),
         "max_exit_s": max((r.get("exit_s", 0.0) for r in singles), default=0.0),
