@@ -67,8 +67,9 @@ def _split(flat: np.ndarray, lengths: np.ndarray) -> list:
     return out
 
 
-def encode(rollouts: list[Rollout]) -> bytes:
-    """One safetensors blob holding ``rollouts`` (arrays bit for bit, scalars as JSON)."""
+def encode(rollouts: list[Rollout], extra: dict[str, str] | None = None) -> bytes:
+    """One safetensors blob holding ``rollouts`` (arrays bit for bit, scalars as JSON), and
+    ``extra`` strings in its header (a message's own fields, say)."""
     from safetensors.numpy import save
 
     tensors: dict[str, np.ndarray] = {}
@@ -93,20 +94,24 @@ def encode(rollouts: list[Rollout]) -> bytes:
         rec["arrays"] = names
         records.append(rec)
     meta = json.dumps(records, allow_nan=False, separators=(",", ":"))
-    return save(tensors, metadata={KEY: meta})
+    return save(tensors, metadata={**(extra or {}), KEY: meta})
 
 
-def _metadata(blob: bytes) -> dict:
+def metadata(blob: bytes) -> dict[str, str]:
+    """The header strings of a blob `encode` wrote (``extra`` and the rollout records)."""
     if len(blob) < 8:
         raise RolloutFileError(f"{len(blob)} bytes: too short for a safetensors header")
     (size,) = struct.unpack("<Q", blob[:8])
     if size > len(blob) - 8:
         raise RolloutFileError(f"its header claims {size} bytes but only {len(blob) - 8} follow")
     try:
-        header = json.loads(blob[8:8 + size])
-        return json.loads(header["__metadata__"][KEY])
+        meta = json.loads(blob[8:8 + size])["__metadata__"]
+        json.loads(meta[KEY])
     except (ValueError, KeyError, TypeError) as e:
         raise RolloutFileError(f"its header holds no rollout records ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise RolloutFileError("its header metadata is not a table of strings")
+    return meta
 
 
 def decode(blob: bytes) -> list[Rollout]:
@@ -114,7 +119,7 @@ def decode(blob: bytes) -> list[Rollout]:
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
-    records = _metadata(blob)
+    records = json.loads(metadata(blob)[KEY])
     try:
         tensors = load(blob)
     except (SafetensorError, ValueError) as e:

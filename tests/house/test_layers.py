@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tokenflow"
 # Bottom to top; a module's layer is that of the longest prefix listed. The typed config
 # sections that live beside their package (``engine.config``, ...) are records, layer 1.
 LAYERS = {
-    1: ["tokenflow", "tokenflow._lazy", "tokenflow.rollout", "tokenflow.registry", "tokenflow.errors",
+    1: ["tokenflow._lazy", "tokenflow.rollout", "tokenflow.rollout_files", "tokenflow.registry", "tokenflow.errors",
         "tokenflow.config", "tokenflow.metrics", "tokenflow.engine.config", "tokenflow.trainer.config",
         "tokenflow.algorithms.config", "tokenflow.scoring.config"],
     2: ["tokenflow.model_store", "tokenflow.engine", "tokenflow.sync"],
@@ -67,6 +67,8 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def layer_of(module: str) -> int:
+    if module == "tokenflow":  # the package itself: lazy public names only
+        return 1
     best, layer = -1, None
     for n, prefixes in LAYERS.items():
         for pre in prefixes:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from tokenflow.metrics import trace
 from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
 from tokenflow.sync.layout import bucket_views, in_place_bytes, plan_layout, views
+from tokenflow.sync.rendezvous import tcp_store
 
 
 def free_port() -> int:
@@ -51,7 +52,7 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backen
     group hands consecutive collectives to consecutive connections, which is what stripes a
     bucket across them."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    store = tcp_store(host, port, world, is_master=(rank == 0), timeout_s=timeout_s)
     store.set(f"joined/{rank}", b"1")
     if rank == 0:
         deadline = time.monotonic() + timeout_s

@@ -6,8 +6,10 @@
                                                  (FSDP all-gathers / reduce-scatters,
                                                   full-tensor gathers of a weight push)
 
-The runtime talks to rank 0 only. Rank 0 posts each command in the TCP store the group was
-built from; the other ranks wait for it there in short polls (an idle trainer may wait for
+The runtime talks to rank 0 only. Rank 0 posts each command (bytes: the runtime encodes its
+messages as data, never as pickles, `tokenflow.runtime.workers.commands`) in the TCP store the
+group was built from, whose server listens on the rendezvous address alone
+(`tokenflow.sync.rendezvous`); the other ranks wait for it there in short polls (an idle trainer may wait for
 generation for a long time, and must still notice that its parent is gone), then every rank
 runs the same code, so the collectives inside line up.
 
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import datetime
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from tokenflow.sync.rendezvous import all_gather_bytes, tcp_store
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,7 @@ class RankGroup:
     def __init__(self, rdv: Rendezvous, rank: int) -> None:
         self.rank, self.world, self.timeout_s = rank, rdv.world_size, rdv.timeout_s
         self.timeout = datetime.timedelta(seconds=rdv.timeout_s)
-        self.store = dist.TCPStore(rdv.host, rdv.port, rdv.world_size, is_master=rank == 0,
-                                   timeout=self.timeout, wait_for_workers=False)
+        self.store = tcp_store(rdv.host, rdv.port, rdv.world_size, is_master=rank == 0, timeout_s=rdv.timeout_s)
         self.store.set(f"joined/{rank}", b"1")
         if rank == 0:
             self._wait_keys({r: f"joined/{r}" for r in range(self.world)}, "join the trainer group")
@@ -113,15 +115,15 @@ class RankGroup:
                               f"ranks last seen: {self.where()}") from None
 
     # ---- the command mailbox ---------------------------------------------------------------
-    def post(self, command) -> None:
-        """Rank 0: hand ``command`` to the other ranks."""
+    def post(self, command: bytes) -> None:
+        """Rank 0: hand ``command`` (encoded by the caller) to the other ranks."""
         self.seq += 1
-        self.store.set(f"cmd/{self.seq}", pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+        self.store.set(f"cmd/{self.seq}", command)
         if self.seq > 1:  # everyone passed the barrier of the previous command, so read it
             self.store.delete_key(f"cmd/{self.seq - 1}")
 
-    def next_command(self, orphaned: Callable[[], bool] = lambda: False, poll_s: float = 0.005):
-        """Ranks > 0: wait for rank 0's next command; None once ``orphaned()`` says to stop.
+    def next_command(self, orphaned: Callable[[], bool] = lambda: False, poll_s: float = 0.005) -> bytes | None:
+        """Ranks > 0: wait for rank 0's next command (its bytes); None once ``orphaned()`` says to stop.
 
         Polls with ``check`` (a blocking ``wait`` that times out logs a warning every time); a
         store that has gone away (rank 0 died) raises."""
@@ -134,17 +136,16 @@ class RankGroup:
                 last_orphan_check = time.monotonic()
                 if orphaned():
                     return None
-        return pickle.loads(self.store.get(key))
+        return self.store.get(key)
 
     # ---- small collectives -------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         dist.all_reduce(t, op=op)
         return t
 
-    def all_gather_object(self, obj) -> list:
-        out = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.ctrl)
-        return out
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload`` (no pickles cross between ranks)."""
+        return all_gather_bytes(payload, self.ctrl)
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -20,6 +20,7 @@ bucket, so no rank ever holds a second full copy of the model.
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from collections.abc import Iterator
@@ -120,12 +121,13 @@ class FSDPTrainer(Trainer):
     def _score(self, seqs, n, with_values, runner=None):
         logps, values = super()._score(seqs, n, with_values, runner)
         mine = {s.index for s in seqs} & {i for i, lp in enumerate(logps) if len(lp)}
-        parts = self.group.all_gather_object({i: (logps[i], values[i] if values else None) for i in mine})
-        for part in parts:
-            for i, (lp, v) in part.items():
-                logps[i] = lp
-                if values is not None:
-                    values[i] = v
+        from safetensors.numpy import load, save
+
+        arrays = {f"{i}.lp": logps[i] for i in mine} | ({f"{i}.v": values[i] for i in mine} if values else {})
+        for part in self.group.all_gather_bytes(save(arrays)):
+            for key, arr in load(part).items():
+                i, kind = key.split(".")
+                (logps if kind == "lp" else values)[int(i)] = arr
         return logps, values
 
     def _accumulate(self, mb, adv, prox, old_values, counts, acc) -> None:
@@ -242,7 +244,8 @@ def reduce_accumulator(acc, group: RankGroup, device) -> None:
     (Reaches into ``Accumulator``'s three dicts: they are its whole state.)"""
     for table, op, empty in ((acc._sums, dist.ReduceOp.SUM, 0.0), (acc._mins, dist.ReduceOp.MIN, math.inf),
                              (acc._maxs, dist.ReduceOp.MAX, -math.inf)):
-        names = sorted({k for keys in group.all_gather_object(sorted(table)) for k in keys})
+        gathered = group.all_gather_bytes(json.dumps(sorted(table)).encode())
+        names = sorted({k for keys in gathered for k in json.loads(keys)})
         if not names:
             continue
         vals = torch.tensor([float(table[k]) if k in table else empty for k in names],

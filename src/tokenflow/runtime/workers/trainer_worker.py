@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenflow.errors import CheckpointError
 from tokenflow.metrics import trace
+from tokenflow.runtime.workers.commands import decode_command, encode_command
 from tokenflow.runtime.workers.messages import (
     Envelope,
     ReformSync,
@@ -236,7 +237,8 @@ class TrainerWorker:
         """Rank 0 reads the runtime's queue and forwards; other ranks read what rank 0 forwarded.
         None when the orchestrator is gone."""
         if self.rank > 0:
-            msg = self.group.next_command(parent.orphaned)
+            blob = self.group.next_command(parent.orphaned)
+            msg = None if blob is None else decode_command(blob)
         else:
             while True:
                 try:
@@ -247,7 +249,7 @@ class TrainerWorker:
                         msg = None
                         break
             if msg is not None and self.group is not None:
-                self.group.post(msg)
+                self.group.post(encode_command(msg))
         if msg is None:
             log.warning("%s: the orchestrator is gone; exiting", self.name)
         elif self.group is not None:
