@@ -280,7 +280,7 @@ def _kill_until_landed(schedule: list[str], rng: random.Random, out: Path, chaos
         else:
             log.warning("bench chaos: the run failed by itself: %s", rec)
             return records, steps, True
-        log.info("bench chaos: kill %d/%d landed %s", landed, len(schedule), rec)
+        log.info("bench chaos: %s (%d of %d kills landed)", rec, landed, len(schedule))
     return records, steps, False
 
 
