@@ -127,11 +127,26 @@ def sandbox_processes() -> set[int]:
     return found
 
 
+def _shm_entries() -> set[str]:
+    """/dev/shm entries an attack could have made (Python's shared_memory names them psm_*, the
+    attacks use their marker, a nobody run owns its files); other processes on a shared machine
+    keep making their own semaphores there."""
+    found = set()
+    for name in os.listdir("/dev/shm"):
+        try:
+            owner = os.stat(f"/dev/shm/{name}").st_uid
+        except OSError:
+            continue
+        if name.startswith("psm_") or "tf-attack" in name or owner == NOBODY:
+            found.add(name)
+    return found
+
+
 def _host_state() -> dict[str, set[str]]:
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     return {"tmp": set(glob.glob("/tmp/tokenflow-sandbox-*")),
             "cgroups": set(glob.glob("/sys/fs/cgroup/*/tokenflow-sandbox-*")),
-            "shm": set(os.listdir("/dev/shm")),
+            "shm": _shm_entries(),
             "mounts": {m for m in mounts if "tokenflow-sandbox" in m}}
 
 
