@@ -1,5 +1,5 @@
 """Run one attack as whatever user this process is (the suite starts it under
-``setpriv --reuid=65534 ...``): a JSON request on stdin, the SandboxResult as JSON on stdout.
+``setpriv --reuid=54321 ...``): a JSON request on stdin, the SandboxResult as JSON on stdout.
 
 The Python running this may be the system one, without numpy: the ``tokenflow.scoring`` package
 __init__ (which imports numpy) is skipped by registering a bare package for it."""
@@ -24,4 +24,4 @@ if __name__ == "__main__":
         print(json.dumps({"layers": list(iso.layers), "notes": list(iso.notes)}))
     else:
         print(json.dumps(sandbox_bait.run_attack(request["name"], request["params"], request["limits"],
-                                                 "sandbox_as_user")))
+                                                 "sandbox_as_user", request.get("mode"))))

@@ -22,7 +22,9 @@ from tests.scoring import sandbox_bait
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
-NOBODY = 65534
+# Not 65534: right after unshare(CLONE_NEWUSER) a process's uid reads as the overflow id 65534,
+# so a bug that maps that id instead of the real one would pass unseen as "nobody".
+UNPRIVILEGED = 54321
 
 
 def _listener(family, address) -> socket.socket:
@@ -51,7 +53,7 @@ class HostBait:
     def __post_init__(self) -> None:
         self.tmp_dir = Path("/tmp") / self.marker
         self.tmp_dir.mkdir(mode=0o777)
-        os.chmod(self.tmp_dir, 0o777)  # writable by nobody too, so a nobody escape would show
+        os.chmod(self.tmp_dir, 0o777)  # writable by the unprivileged uid too, so its escape would show
         self.tmp_secret = self.tmp_dir / "secret.txt"
         self.tmp_secret.write_text(self.secret)
         os.chmod(self.tmp_secret, 0o644)
@@ -64,7 +66,7 @@ class HostBait:
         os.chmod(self.unix_path, 0o777)
         self.abstract = _listener(socket.AF_UNIX, "\0" + self.marker)
         self.decoy = subprocess.Popen(["sleep", "600"], start_new_session=True,
-                                      user=NOBODY if os.geteuid() == 0 else None)
+                                      user=UNPRIVILEGED if os.geteuid() == 0 else None)
         self.host_file = self.tmp_dir / "escaped-write.txt"
 
     def params(self, limits_kw: dict) -> dict:
@@ -129,7 +131,7 @@ def sandbox_processes() -> set[int]:
 
 def _shm_entries() -> set[str]:
     """/dev/shm entries an attack could have made (Python's shared_memory names them psm_*, the
-    attacks use their marker, a nobody run owns its files); other processes on a shared machine
+    attacks use their marker, an unprivileged run owns its files); other processes on a shared machine
     keep making their own semaphores there."""
     found = set()
     for name in os.listdir("/dev/shm"):
@@ -137,7 +139,7 @@ def _shm_entries() -> set[str]:
             owner = os.stat(f"/dev/shm/{name}").st_uid
         except OSError:
             continue
-        if name.startswith("psm_") or "tf-attack" in name or owner == NOBODY:
+        if name.startswith("psm_") or "tf-attack" in name or owner == UNPRIVILEGED:
             found.add(name)
     return found
 
@@ -190,10 +192,10 @@ def kill_leftovers(before: set[int]) -> None:
             pass
 
 
-# --- running an attack as root or as nobody -------------------------------------------------
+# --- running an attack as root or as an unprivileged uid ------------------------------------
 
 def user_python() -> tuple[str | None, str]:
-    """A Python that uid 65534 can run (this one may live under /root), or why there is none."""
+    """A Python the unprivileged uid can run (this one may live under /root), or why none."""
     if os.geteuid() != 0:
         return None, "the suite is not running as root, so it cannot switch to another uid"
     if not shutil.which("setpriv"):
@@ -201,23 +203,25 @@ def user_python() -> tuple[str | None, str]:
     for python in (sys.executable, "/usr/bin/python3"):
         # it must also start itself again (the sandbox runs sys.executable)
         check = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import ctypes'], check=True)"
-        probe = subprocess.run(_as_nobody(python, "-c", check), capture_output=True, timeout=30, cwd="/tmp")
+        probe = subprocess.run(_as_user(python, "-c", check), capture_output=True, timeout=30, cwd="/tmp")
         if probe.returncode == 0:
             return python, ""
-    return None, "no Python interpreter is readable by uid 65534"
+    return None, "no Python interpreter is readable by the unprivileged uid"
 
 
-def _as_nobody(*argv: str) -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+def _as_user(*argv: str) -> list[str]:
+    return ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}", "--clear-groups", *argv]
 
 
-def run(mode: str, python: str | None, name: str, bait: HostBait, limits_kw: dict, timeout_s: float = 60) -> dict:
+def run(mode: str, python: str | None, name: str, bait: HostBait, limits_kw: dict, timeout_s: float = 60,
+        sandbox_mode: str | None = None) -> dict:
     """Run attack ``name`` from a helper process (the sandbox's parent, holding the secret in
-    its environment and heap), as root or, through setpriv, as uid 65534."""
+    its environment and heap), as root or, through setpriv, as the unprivileged uid;
+    ``sandbox_mode`` forces one of runner.MODES instead of the probe's choice."""
     argv = [python or sys.executable, str(HERE / "sandbox_as_user.py"), str(ROOT / "src")]
-    request = {"name": name, "params": bait.params(limits_kw), "limits": limits_kw}
+    request = {"name": name, "params": bait.params(limits_kw), "limits": limits_kw, "mode": sandbox_mode}
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), sandbox_bait.SECRET_ENV: bait.secret}
-    proc = subprocess.run(_as_nobody(*argv) if mode == "nobody" else argv, input=json.dumps(request),
+    proc = subprocess.run(_as_user(*argv) if mode == "unprivileged" else argv, input=json.dumps(request),
                           capture_output=True, text=True, timeout=timeout_s, cwd="/tmp", env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"sandbox_as_user failed: {proc.stderr[-2000:]}")

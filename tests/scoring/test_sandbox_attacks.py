@@ -1,6 +1,7 @@
 """The sandbox against programs that try to undo it (issue 26): each attack in
-attack_programs.py runs as root and as uid 65534, and must be stopped (no ``ESCAPED:`` line, no
-host-side breach: listener, decoy, files on the host) with nothing left behind.
+attack_programs.py runs as root and as an unprivileged uid (54321), and must be stopped (no
+``ESCAPED:`` line, no host-side breach: listener, decoy, files on the host) with nothing left
+behind. As root it also runs in the weaker modes the probe falls back to.
 
 Plus the parent-side attacks: 1 MB of stdin to a program that never reads it, and file names
 that climb out of the work dir.
@@ -17,7 +18,7 @@ import pytest
 
 from tests.scoring import sandbox_attack_kit as kit
 from tests.scoring.sandbox_bait import limits
-from tokenflow.scoring.sandbox import run_program
+from tokenflow.scoring.sandbox import bwrap, run_program
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,7 +37,7 @@ def bait():
 
 
 @pytest.fixture(scope="module")
-def nobody_python():
+def user_python():
     python, why = kit.user_python()
     if python is None:
         pytest.skip(f"cannot run the sandbox as an unprivileged user here: {why}")
@@ -47,10 +48,17 @@ def nobody_python():
 SLOW = {"inode_flood": dict(LIMITS, wall_s=15.0, cpu_s=12)}
 
 
-def attack(mode: str, name: str, bait, python=None) -> None:
+# Without bubblewrap (the launcher's own layers) the host's file tree stays visible, read-only:
+# these attacks read what the program's uid may read there. The probe says so (private_root
+# missing, with how to install bubblewrap); every other attack must still be stopped.
+VISIBLE_WITHOUT_PRIVATE_ROOT = {"chroot_escape", "dev_shm", "host_unix_socket", "proc_1_root",
+                                "read_host_tmp", "read_project", "read_shadow", "setns_host"}
+
+
+def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
     before = kit.Leftovers()
     try:
-        r = kit.run(mode, python, name, bait, SLOW.get(name, LIMITS))
+        r = kit.run(mode, python, name, bait, SLOW.get(name, LIMITS), sandbox_mode=sandbox_mode)
         out = r["stdout"]
         escapes = [line for line in out.splitlines() if line.startswith("ESCAPED")]
         breaches = bait.breaches()
@@ -59,8 +67,11 @@ def attack(mode: str, name: str, bait, python=None) -> None:
         kit.kill_leftovers(before.procs)
     assert r["reason"] != "setup_failed", r["notes"]
     assert "ATTACK-DONE" in out, f"the attack did not run to its end ({r['reason']}): {r['stderr'][-800:]}"
-    assert not escapes and not breaches, f"{name} ({mode}) got through: {escapes + breaches}"
     assert not left, f"{name} ({mode}) left behind: {left}"
+    if sandbox_mode == "hand" and name in VISIBLE_WITHOUT_PRIVATE_ROOT:
+        assert "private_root" not in r["layers"]  # reported missing: the known gap of this mode
+        return
+    assert not escapes and not breaches, f"{name} ({mode}) got through: {escapes + breaches}"
 
 
 def test_the_suite_has_at_least_twenty_attack_programs():
@@ -75,8 +86,19 @@ def test_attack_as_root(name, bait):
 
 
 @pytest.mark.parametrize("name", ATTACKS)
-def test_attack_as_nobody(name, bait, nobody_python):
-    attack("nobody", name, bait, nobody_python)
+@pytest.mark.parametrize("sandbox_mode", ["bwrap", "hand"])
+def test_attack_as_root_in_a_weaker_mode(name, sandbox_mode, bait):
+    """bubblewrap as root (uid 65534 inside maps to root outside), and no bubblewrap at all."""
+    if os.geteuid() != 0:
+        pytest.skip("not running as root")
+    if sandbox_mode == "bwrap" and not bwrap.find():
+        pytest.skip(f"bubblewrap is not installed: {bwrap.INSTALL_HINT}")
+    attack("root", name, bait, sandbox_mode=sandbox_mode)
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_attack_as_unprivileged_user(name, bait, user_python):
+    attack("unprivileged", name, bait, user_python)
 
 
 @pytest.mark.timeout(30)

@@ -15,7 +15,7 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags a bind remount must repeat (locked flags otherwise EPERM)
 _ST_TO_MS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME,
              4096: MS_RELATIME}
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 36, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -33,10 +33,10 @@ def unshare(flags: int, what: str) -> None:
     check(libc.unshare(flags), f"unshare({what})")
 
 
-def map_ids(inside: int) -> None:
+def map_ids(inside: int, uid: int, gid: int) -> None:
     """After unshare(CLONE_NEWUSER): map uid/gid ``inside`` of the new namespace to this process's
-    own uid/gid outside (the one mapping any process may write for itself)."""
-    uid, gid = os.getuid(), os.getgid()
+    own ``uid``/``gid`` outside (the one mapping any process may write for itself; read them
+    before the unshare, after it they read as the overflow id)."""
     for name, text in (("setgroups", "deny"), ("uid_map", f"{inside} {uid} 1"), ("gid_map", f"{inside} {gid} 1")):
         with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
             f.write(text)
@@ -95,6 +95,11 @@ def remount_read_only(point: str) -> bool:
         if st.f_flag & st_bit:
             keep |= ms_bit
     return libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep, None) == 0
+
+
+def set_child_subreaper() -> None:
+    """Orphans of this process's descendants become its children (not init's), to be reaped."""
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def set_pdeathsig(sig: int) -> None:

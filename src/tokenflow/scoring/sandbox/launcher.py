@@ -11,13 +11,13 @@ are imported by path, standard library only) and does its work in plain syscalls
       ├─ unshare(mount [, user])                      -- a user namespace when not root
       ├─ tmpfs (size=, nr_inodes=) over the work dir  -- both quotas; gone with the namespace
       ├─ write the program's files into it, set rlimits
-      └─ execve bwrap … -- python -I -B main.py       -- private root, all namespaces, uid 65534,
-                                                         no capabilities, no_new_privs, seccomp
+      └─ fork → [run uid] → execve bwrap … -- python -I -B main.py
+                 private root, all namespaces, uid 65534, no capabilities, no_new_privs, seccomp
          (or hand_layers.run when bwrap is absent or refused)
 
-The layers that took effect go to the status fd as JSON lines; the fd is close-on-exec, so
-neither bwrap nor the program holds it. bwrap does not close inherited descriptors, so nothing
-but stdin/stdout/stderr and the seccomp memfd may be open across that exec.
+The layers that took effect, then bwrap's exit status (the program's; 128 + N for signal N),
+go to the status fd as JSON lines. bwrap does not close inherited descriptors, so the status fd
+is closed before its exec: nothing but stdin/stdout/stderr and the seccomp memfd reach it.
 """
 
 import json
@@ -53,14 +53,15 @@ def _private_workdir(cfg: dict, bwrap: bool, layers: list[str], notes: list[str]
     is bound where that uid can reach it); from another uid, bwrap runs as root of ours; the
     hand-written path maps the program's uid 65534 here. True when this process now has its
     own mounts."""
-    root = os.getuid() == 0
+    uid, gid = os.getuid(), os.getgid()
+    root = uid == 0
     try:
         if root and bwrap:
             kernel.unshare(kernel.CLONE_NEWNS, "mount")
         else:
             try:
                 kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWUSER, "mount, user")
-                kernel.map_ids(0 if bwrap else 65534)
+                kernel.map_ids(0 if bwrap else 65534, uid, gid)
                 layers.append("user_namespace")
             except OSError as e:
                 if not root:
@@ -92,31 +93,51 @@ def _write_files(cfg: dict) -> None:
             os.chown(path, cfg["run_uid"], cfg["run_uid"])
 
 
-def _exec_bwrap(cfg: dict, filter_bytes: bytes | None, status_fd: int, layers: list[str],
-                notes: list[str]) -> None:
+def _run_bwrap(cfg: dict, filter_bytes: bytes | None, status_fd: int, layers: list[str],
+               notes: list[str]) -> int:
+    """Start bwrap, reap it and every orphan it leaves (this process is their subreaper, so
+    none lingers as a zombie of init), and report bwrap's exit status."""
     argv = list(cfg["bwrap_argv"])
+    seccomp_fd = None
     if filter_bytes:
-        fd = os.memfd_create("tokenflow-seccomp", 0)
-        os.write(fd, filter_bytes)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.set_inheritable(fd, True)
-        argv[1:1] = ["--seccomp", str(fd)]
+        seccomp_fd = os.memfd_create("tokenflow-seccomp", 0)
+        os.write(seccomp_fd, filter_bytes)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        argv[1:1] = ["--seccomp", str(seccomp_fd)]
         layers.append("seccomp")
     # What bwrap sets up or fails on (it then exits 1, saying "bwrap: ..." on stderr):
     layers += ["network_namespace", "pid_namespace", "private_proc", "private_root", "read_only_fs",
                "no_capabilities", "no_new_privs"]
     if os.getuid() == 0:
         layers.append("user_namespace")  # bwrap's own; non-root runs already listed ours
-    if cfg.get("run_uid") is not None:
-        kernel.switch_user(cfg["run_uid"])  # a uid of its own: owns nothing on the host
     if cfg.get("run_uid") is not None or cfg["caller_uid"] != 0:
         layers.append("unprivileged_uid")
     else:
         notes.append("the program's uid 65534 maps to root outside its user namespace")
-    kernel.set_limits(cfg["limits"])
-    hand_layers.status(status_fd, layers=layers, notes=notes, bwrap=True)
-    os.set_inheritable(status_fd, False)
-    os.execve(argv[0], argv, cfg["bwrap_env"])
+    hand_layers.status(status_fd, layers=layers, notes=notes)
+    kernel.set_child_subreaper()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(status_fd)
+            if seccomp_fd is not None:
+                os.set_inheritable(seccomp_fd, True)
+            if cfg.get("run_uid") is not None:
+                kernel.switch_user(cfg["run_uid"])  # a uid of its own: owns nothing on the host
+            kernel.set_limits(cfg["limits"])
+            os.execve(argv[0], argv, cfg["bwrap_env"])
+        finally:
+            os._exit(127)
+    code = 1
+    while True:
+        try:
+            done, st = os.wait()
+        except ChildProcessError:
+            break
+        if done == pid:
+            code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st)
+    hand_layers.status(status_fd, bwrap_exit=code)
+    return 0
 
 
 def main() -> int:
@@ -133,7 +154,7 @@ def main() -> int:
     own_mounts = cfg["namespaces"] and _private_workdir(cfg, bwrap, layers, notes)
     _write_files(cfg)
     if bwrap and own_mounts:
-        _exec_bwrap(cfg, filter_bytes, status_fd, layers, notes)
+        return _run_bwrap(cfg, filter_bytes, status_fd, layers, notes)
     if bwrap:
         notes.append("bubblewrap not used: no mount namespace for the work dir")
     return hand_layers.run(cfg, status_fd, filter_bytes, layers, notes, own_mounts)

@@ -81,25 +81,24 @@ def _limit_in_traceback(stderr: str) -> str | None:
 def verdict(returncode: int, out: dict, reason: str | None, wall: float, limits: SandboxLimits,
             workdir: str) -> SandboxResult:
     """``out``: the bytes read from stdout, stderr and the status pipe. Under bubblewrap the
-    launcher *is* bwrap (it exec'd it), whose exit status is the program's, 128 + N when
-    signal N killed it; on the hand-written path the reaper reports exit or signal."""
-    layers, notes, exit_code, sig, bwrap = [], [], None, None, False
+    launcher reports bwrap's exit status, which is the program's, 128 + N when signal N killed
+    it; on the hand-written path the reaper reports exit or signal."""
+    layers, notes, exit_code, sig, bwrap_exit = [], [], None, None, None
     for event in _events(bytes(out["status"])):
         layers += event.get("layers", [])
         notes += event.get("notes", [])
         exit_code = event.get("exit", exit_code)
         sig = event.get("signal", sig)
-        bwrap = bwrap or event.get("bwrap", False)
+        bwrap_exit = event.get("bwrap_exit", bwrap_exit)
     cap = limits.output_bytes
     stdout = bytes(out["stdout"][:cap]).decode(errors="replace")
     stderr = bytes(out["stderr"][:cap]).decode(errors="replace")
-    if bwrap and reason is None:
-        if returncode == 1 and stderr.startswith("bwrap: "):
-            exit_code = None  # bwrap refused to set up; the program never ran
-        elif returncode > 128:
-            sig = returncode - 128
-        elif returncode >= 0:
-            exit_code = returncode
+    if bwrap_exit is not None and not (bwrap_exit == 1 and stderr.startswith("bwrap: ")):
+        # else bwrap refused to set up and the program never ran: setup_failed below
+        if bwrap_exit > 128:
+            sig = bwrap_exit - 128
+        else:
+            exit_code = bwrap_exit
     if reason is None:
         if sig is not None:
             reason = _SIGNAL_REASONS.get(sig, f"signal_{sig}")
