@@ -58,8 +58,11 @@ class Isolation:
         return tuple(layer for layer in CONTAINMENT + ("cgroup_pids",) if layer not in self.layers)
 
     def report(self) -> str:
-        """One line per missing layer, with how to get it."""
-        return "; ".join(f"{layer} (how: {HINTS[layer]})" for layer in self.missing)
+        """The missing layers, grouped by how to get them."""
+        groups: dict[str, list[str]] = {}
+        for layer in self.missing:
+            groups.setdefault(HINTS[layer], []).append(layer)
+        return "; ".join(f"{', '.join(layers)} (how: {hint})" for hint, layers in groups.items())
 
 
 # Run inside the sandbox: what the program can see of its own confinement.
