@@ -200,13 +200,16 @@ def user_python() -> tuple[str | None, str]:
         return None, "the suite is not running as root, so it cannot switch to another uid"
     if not shutil.which("setpriv"):
         return None, "setpriv (util-linux) is not installed"
+    why = "no Python interpreter is runnable by the unprivileged uid"
     for python in (sys.executable, "/usr/bin/python3"):
-        # it must also start itself again (the sandbox runs sys.executable)
-        check = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import ctypes'], check=True)"
-        probe = subprocess.run(_as_user(python, "-c", check), capture_output=True, timeout=30, cwd="/tmp")
+        # it must start itself again (the sandbox runs sys.executable), read this checkout and
+        # get the sandbox's probe through: the helper's probe request does all three
+        probe = subprocess.run(_as_user(python, str(HERE / "sandbox_as_user.py"), str(ROOT / "src")),
+                               input='{"probe": true}', capture_output=True, text=True, timeout=60, cwd="/tmp")
         if probe.returncode == 0:
             return python, ""
-    return None, "no Python interpreter is readable by the unprivileged uid"
+        why = f"{python} as uid {UNPRIVILEGED}: {probe.stderr.strip()[-300:]}"
+    return None, why
 
 
 def _as_user(*argv: str) -> list[str]:
