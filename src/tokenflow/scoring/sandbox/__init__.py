@@ -5,16 +5,23 @@
 
 Layers, each probed rather than assumed (``Sandbox.isolation`` says which took effect here):
 
-* always: a fresh ``python -I`` child in its own session, a temp work dir, a scrubbed
-  environment, rlimits (CPU seconds, address space, file size, open files, processes, no core
-  dumps) set by an exec wrapper, a wall-clock kill of the whole process group, capped output;
-* where the kernel allows: a network namespace (no network at all, loopback down), a pid
-  namespace (every process the program starts dies with it) with its own /proc, a mount
-  namespace with every mount read-only except the work dir, a user namespace when not root;
-* where writable: a pids cgroup (a process cap that binds root too).
+* always: ``python -I`` in its own session, a scrubbed environment, rlimits (CPU seconds,
+  address space, file size, open files, processes, no core dumps), a wall-clock kill of every
+  process of the run (stdin is fed inside that loop), capped output, no_new_privs, and a seccomp
+  filter (:mod:`.syscall_filter`) refusing mount, umount2, pivot_root, chroot, setns, unshare,
+  namespace clones, ptrace, process_vm_readv/writev, bpf, keyctl, open_by_handle_at, module and
+  kexec loading, io_uring and more;
+* with bubblewrap (``apt-get install bubblewrap``): a private root holding only /usr, the
+  interpreter's prefix (site-packages hidden), a fresh /proc, a read-only minimal /dev and the
+  work dir; every namespace; uid 65534 in a user namespace, started from root under a uid of the
+  run's own; no capabilities;
+* where the kernel allows: the work dir is a tmpfs with size and inode quotas; without
+  bubblewrap, network/pid/mount namespaces, every mount read-only, a read-only private /proc,
+  capabilities dropped by the launcher (:mod:`.hand_layers`);
+* where writable: a pids cgroup (a process cap that binds root too; emptied after each run).
 
-When the namespaces are unavailable the sandbox still runs, with rlimits only, and says so
-loudly: a warning at start and ``Sandbox.isolated`` false (scorers log it as a reward component).
+A missing layer is reported loudly: ``Sandbox()`` logs **SANDBOX NOT CONTAINED** naming each
+missing layer and how to get it, and ``Sandbox.isolated`` is false.
 """
 
 from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation

@@ -1,40 +1,125 @@
-"""Which isolation layers this machine grants, probed once per process by running a no-op."""
+"""Which isolation layers this machine grants, probed once per process: a program run in the
+sandbox observes itself (capabilities, seccomp mode, uid, visible processes, network interfaces,
+file tree, work-dir quota), and a layer the launcher claimed but the program did not observe is
+dropped with a note. When bubblewrap is present but refuses to start, the probe runs again
+without it, and says why."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 from dataclasses import dataclass
+
+from tokenflow.scoring.sandbox import bwrap as bubblewrap
 
 log = logging.getLogger(__name__)
 
-# The layers that keep a hostile program off the network and the file system. Without them the
-# sandbox bounds resources only.
-CONTAINMENT = ("network_namespace", "pid_namespace", "read_only_fs")
+# Every one of these must hold for a hostile program to be contained; a missing one is named,
+# with how to get it, in the warning ``Sandbox()`` logs.
+CONTAINMENT = ("network_namespace", "pid_namespace", "private_proc", "read_only_fs", "private_root",
+               "unprivileged_uid", "no_capabilities", "no_new_privs", "seccomp", "workdir_quota")
+_NAMESPACES_HINT = ("the kernel refused namespaces: run as root, or allow unprivileged user namespaces "
+                    "(sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000; "
+                    "Ubuntu 24.04+: kernel.apparmor_restrict_unprivileged_userns=0)")
+HINTS = {
+    "private_root": bubblewrap.INSTALL_HINT,
+    "seccomp": "a seccomp filter needs x86_64 and a kernel with CONFIG_SECCOMP_FILTER",
+    "cgroup_pids": ("run as root with the pids controller mounted, or delegate a cgroup "
+                    "(systemd-run --user --scope -p Delegate=yes ...); until then RLIMIT_NPROC "
+                    "and the pid namespace cap processes"),
+    **{layer: _NAMESPACES_HINT for layer in ("network_namespace", "pid_namespace", "private_proc",
+                                             "read_only_fs", "workdir_quota")},
+    **{layer: f"{bubblewrap.INSTALL_HINT}, or allow user namespaces"
+       for layer in ("unprivileged_uid", "no_capabilities", "no_new_privs")},
+}
 
 
 @dataclass(frozen=True)
 class Isolation:
     layers: tuple[str, ...]
     notes: tuple[str, ...]
+    mode: str = "hand"
+    """How runs are isolated here (:data:`runner.MODES`): the strongest that ran the probe."""
+
+    @property
+    def bwrap(self) -> bool:
+        """Runs go through bubblewrap."""
+        return self.mode != "hand"
 
     @property
     def contained(self) -> bool:
-        """Network off, read-only file system and a pid namespace all took effect."""
+        """Every layer of :data:`CONTAINMENT` took effect."""
         return all(layer in self.layers for layer in CONTAINMENT)
 
     @property
     def missing(self) -> tuple[str, ...]:
         return tuple(layer for layer in CONTAINMENT + ("cgroup_pids",) if layer not in self.layers)
 
+    def report(self) -> str:
+        """The missing layers, grouped by how to get them."""
+        groups: dict[str, list[str]] = {}
+        for layer in self.missing:
+            groups.setdefault(HINTS[layer], []).append(layer)
+        return "; ".join(f"{', '.join(layers)} (how: {hint})" for hint, layers in groups.items())
 
-@functools.lru_cache(maxsize=4)
-def probe_isolation(namespaces: bool = True, cgroup: bool = True) -> Isolation:
-    """Run ``pass`` in the sandbox and report the layers that took effect."""
-    from tokenflow.scoring.sandbox.runner import SandboxLimits, run_program
 
-    result = run_program("pass", limits=SandboxLimits(wall_s=30), namespaces=namespaces, cgroup=cgroup)
-    if not result.ok:
-        raise RuntimeError(f"the sandbox cannot run even an empty program ({result.reason}): "
-                           f"{'; '.join(result.notes)} {result.stderr[-300:]}")
-    return Isolation(result.layers, result.notes)
+# Run inside the sandbox: what the program can see of its own confinement.
+PROBE = r"""import json, os, socket
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status") if ":\t" in l)
+def writable(path):
+    return os.access(path, os.W_OK)  # EROFS counts: access(2) checks the mount too
+st = os.statvfs(".")
+print(json.dumps({"cap": [int(status[k], 16) for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb")],
+    "no_new_privs": status.get("NoNewPrivs", "0").strip(), "seccomp": status.get("Seccomp", "0").strip(),
+    "uid": os.getuid(), "pids": sum(p.isdigit() for p in os.listdir("/proc")),
+    "interfaces": [n for _, n in socket.if_nameindex()], "host_tree": os.path.isdir("/etc") or os.path.isdir("/var"),
+    "root_writable": writable("/") or writable("/usr"), "inodes": st.f_files}))
+"""
+
+
+def _observed(claimed: list[str], seen: dict, limits) -> tuple[list[str], list[str]]:
+    checks = {
+        "no_capabilities": not any(seen["cap"]),
+        "no_new_privs": seen["no_new_privs"] == "1",
+        "seccomp": seen["seccomp"] == "2",
+        "unprivileged_uid": seen["uid"] != 0,
+        "pid_namespace": seen["pids"] <= 8,
+        "private_proc": seen["pids"] <= 8,
+        "network_namespace": set(seen["interfaces"]) <= {"lo"},
+        "private_root": not seen["host_tree"],
+        "read_only_fs": not seen["root_writable"],
+        "workdir_quota": 0 < seen["inodes"] <= limits.workdir_files,
+    }
+    layers = [layer for layer in claimed if checks.get(layer, True)]
+    notes = [f"{layer} was set up but the program did not observe it ({json.dumps(seen)})"
+             for layer in claimed if not checks.get(layer, True)]
+    return layers, notes
+
+
+@functools.lru_cache(maxsize=8)
+def probe_isolation(namespaces: bool = True, cgroup: bool = True, bwrap: bool = True) -> Isolation:
+    """Run the probe program in the sandbox, in the strongest mode that starts, and report the
+    layers that took effect (and, in ``notes``, why any did not)."""
+    from tokenflow.scoring.sandbox.runner import SandboxLimits, run_in_mode
+
+    notes: list[str] = []
+    modes = ["hand"]
+    if namespaces and bwrap:
+        if bubblewrap.find():
+            modes = (["bwrap_uid"] if os.getuid() == 0 else []) + ["bwrap", "hand"]
+        else:
+            notes.append(f"bubblewrap (bwrap) not found, so no private root: {bubblewrap.INSTALL_HINT}")
+    limits = SandboxLimits(wall_s=30)
+    for mode in modes:
+        result = run_in_mode(PROBE, mode, limits=limits, namespaces=namespaces, cgroup=cgroup)
+        if result.ok:
+            break
+        notes.append(f"mode {mode} could not run the probe ({result.reason}: "
+                     f"{(result.stderr.strip() or '; '.join(result.notes))[-300:]})")
+    else:
+        raise RuntimeError(f"the sandbox cannot run even the probe: {' | '.join(notes)}")
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    layers, seen_notes = _observed(list(result.layers), seen, limits)
+    return Isolation(tuple(layers), tuple(notes + list(result.notes) + seen_notes), mode=mode)

@@ -1,189 +1,163 @@
-"""The sandbox's exec wrapper: isolate, limit, then ``execv`` the untrusted program.
+"""The sandbox's exec wrapper: set up the work dir and limits, then hand the program to
+bubblewrap (or, without it, to the hand-written layers of :mod:`hand_layers`).
 
-Run by the parent as ``python -I -S launcher.py <config json> <status fd>`` in a fresh session.
-It imports nothing from tokenflow (it runs before any isolation that could hide the package) and
-does its work in plain syscalls, not in ``preexec_fn`` (unsafe in a threaded parent)::
+Run by the parent as ``python -I -S -B launcher.py <config fd> <status fd>`` in a fresh session.
+It imports nothing from tokenflow (its siblings kernel.py, syscall_filter.py and hand_layers.py
+are imported by path, standard library only) and does its work in plain syscalls, not in
+``preexec_fn`` (unsafe in a threaded parent)::
 
-    launcher (host pid namespace)
-      ├─ join the run's cgroup (pids.max)            -- if the parent made one
-      ├─ unshare(mount, net, pid [, user])           -- best effort; what worked is reported
-      ├─ remount every mount read-only except the work dir
-      └─ fork → reaper (pid 1 of the new pid namespace; dies with the launcher)
-                 └─ fork → program: setrlimit(...) → no_new_privs → execv(python -I main.py)
+    launcher (host namespaces)
+      ├─ join the run's pids cgroup                   -- if the parent made one
+      ├─ unshare(mount [, user])                      -- a user namespace when not root
+      ├─ tmpfs (size=, nr_inodes=) over the work dir  -- both quotas; gone with the namespace
+      ├─ write the program's files into it, set rlimits
+      └─ fork → [run uid] → execve bwrap … -- python -I -B main.py
+                 private root, all namespaces, uid 65534, no capabilities, no_new_privs, seccomp
+         (or hand_layers.run when bwrap is absent or refused)
 
-The reaper exists so that the program is not pid 1 (pid 1 ignores default-action signals such
-as SIGXCPU) and so that every process the program starts dies with it: when pid 1 of a pid
-namespace exits, the kernel kills the rest of the namespace. The process that waits for the
-program writes one JSON line per event to the status fd, which the program never sees (it is
-closed before exec), so the program cannot forge its own verdict.
+The layers that took effect, then bwrap's exit status (the program's; 128 + N for signal N),
+go to the status fd as JSON lines. bwrap does not close inherited descriptors, so the status fd
+is closed before its exec: nothing but stdin/stdout/stderr and the seccomp memfd reach it.
 """
 
-import ctypes
 import json
 import os
-import resource
-import signal
 import sys
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-# statvfs f_flag bits → the mount flags a bind remount must repeat (locked flags otherwise EPERM)
-_ST_TO_MS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME,
-             4096: MS_RELATIME}
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+import hand_layers  # noqa: E402  (by path: see above)
+import kernel  # noqa: E402
+import syscall_filter  # noqa: E402
 
 
-def _call(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+def _read_config(fd: int) -> dict:
+    with os.fdopen(fd, "rb") as f:
+        return json.loads(f.read())
 
 
-def _status(fd: int, **event) -> None:
-    os.write(fd, (json.dumps(event) + "\n").encode())
-
-
-def _mount_points() -> list[str]:
-    points = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            raw = line.split()[4]
-            # mountinfo escapes space, tab, newline and backslash as \ooo
-            points.append(raw.encode().decode("unicode_escape"))
-    return points
-
-
-def _read_only_except(workdir: str) -> list[str]:
-    """Remount every mount read-only, the work dir (bound onto itself first) excepted; returns
-    the mount points that refused."""
-    _call(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
-    w = workdir.encode()
-    _call(_libc.mount(w, w, None, MS_BIND | MS_REC, None), "bind the work dir")
-    refused = []
-    for point in _mount_points():
-        if point == workdir:
-            continue
-        try:
-            st = os.statvfs(point)
-        except OSError:
-            continue
-        keep = 0
-        for st_bit, ms_bit in _ST_TO_MS.items():
-            if st.f_flag & st_bit:
-                keep |= ms_bit
-        if _libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep, None) != 0:
-            refused.append(point)
-    return refused
-
-
-def _enter_namespaces(workdir: str, layers: list[str], notes: list[str]) -> bool:
-    """unshare mount+net+pid (plus user when not root); True when a pid namespace was entered."""
-    uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWUSER if uid != 0 else 0)
+def _join_cgroup(cfg: dict, layers: list[str], notes: list[str]) -> None:
+    if not cfg.get("cgroup"):
+        return
     try:
-        _call(_libc.unshare(flags), "unshare(mount, net, pid)")
+        with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+        layers.append("cgroup_pids")
+    except OSError as e:
+        notes.append(f"cgroup: {e}")
+
+
+def _private_workdir(cfg: dict, bwrap: bool, layers: list[str], notes: list[str]) -> bool:
+    """A mount namespace of our own with the quota'd tmpfs on the work dir. From root, bwrap
+    makes its own user namespace (and with a run uid, runs as that uid: the interpreter's prefix
+    is bound where that uid can reach it); from another uid, bwrap runs as root of ours; the
+    hand-written path maps the program's uid 65534 here. True when this process now has its
+    own mounts."""
+    uid, gid = os.getuid(), os.getgid()
+    root = uid == 0
+    try:
+        if root and bwrap:
+            kernel.unshare(kernel.CLONE_NEWNS, "mount")
+        else:
+            try:
+                kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWUSER, "mount, user")
+                kernel.map_ids(0 if bwrap else 65534, uid, gid)
+                layers.append("user_namespace")
+            except OSError as e:
+                if not root:
+                    raise
+                notes.append(f"user namespace refused ({e}); the program keeps uid 0")
+                kernel.unshare(kernel.CLONE_NEWNS, "mount")
+        kernel.make_mounts_private()
+        for source, target in cfg.get("binds", []):
+            kernel.bind_read_only(source, target)
     except OSError as e:
         notes.append(str(e))
         return False
-    if uid != 0:
-        # Map ourselves to root of the new user namespace: it grants mount rights inside it
-        # and nothing outside it. A kernel that confines unprivileged user namespaces (AppArmor)
-        # refuses this; the network and pid namespaces still hold then.
-        try:
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-                with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
-                    f.write(text)
-            layers.append("user_namespace")
-        except OSError as e:
-            notes.append(f"user namespace mapping refused: {e}")
-    layers += ["network_namespace", "pid_namespace"]
     try:
-        refused = _read_only_except(workdir)
-        if "/" in refused:
-            notes.append("the root mount refused a read-only remount")
-        else:
-            layers.append("read_only_fs")
-            if refused:
-                notes.append(f"mounts left writable: {', '.join(refused)}")
+        kernel.mount_tmpfs(cfg["workdir"], cfg["workdir_mb"], cfg["workdir_files"], cfg.get("run_uid"))
+        layers.append("workdir_quota")
     except OSError as e:
         notes.append(str(e))
     return True
 
 
-def _set_limits(limits: dict) -> None:
-    def cap(res, value, hard_extra=0):
-        if value is not None:
-            resource.setrlimit(res, (value, value + hard_extra))
-
-    cap(resource.RLIMIT_CORE, 0)
-    # SIGXCPU at the soft limit names the cause; SIGKILL a second later if it is caught.
-    cap(resource.RLIMIT_CPU, limits["cpu_s"], hard_extra=1)
-    cap(resource.RLIMIT_AS, limits["address_space_bytes"])
-    cap(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
-    cap(resource.RLIMIT_NOFILE, limits["open_files"])
-    cap(resource.RLIMIT_NPROC, limits["processes"])
+def _write_files(cfg: dict) -> None:
+    """The parent checked the names (relative, no ``..``); files land only under the work dir."""
+    for name, text in cfg["files"].items():
+        path = os.path.join(cfg["workdir"], name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        if cfg.get("run_uid") is not None:
+            os.chown(path, cfg["run_uid"], cfg["run_uid"])
 
 
-def _run_program(cfg: dict, status_fd: int) -> int:
-    """Fork the program, wait for it (reaping any orphans meanwhile), report how it ended."""
+def _run_bwrap(cfg: dict, filter_bytes: bytes | None, status_fd: int, layers: list[str],
+               notes: list[str]) -> int:
+    """Start bwrap, reap it and every orphan it leaves (this process is their subreaper, so
+    none lingers as a zombie of init), and report bwrap's exit status."""
+    argv = list(cfg["bwrap_argv"])
+    seccomp_fd = None
+    if filter_bytes:
+        seccomp_fd = os.memfd_create("tokenflow-seccomp", 0)
+        os.write(seccomp_fd, filter_bytes)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        argv[1:1] = ["--seccomp", str(seccomp_fd)]
+        layers.append("seccomp")
+    # What bwrap sets up or fails on (it then exits 1, saying "bwrap: ..." on stderr):
+    layers += ["network_namespace", "pid_namespace", "private_proc", "private_root", "read_only_fs",
+               "no_capabilities", "no_new_privs"]
+    if os.getuid() == 0:
+        layers.append("user_namespace")  # bwrap's own; non-root runs already listed ours
+    if cfg.get("run_uid") is not None or cfg["caller_uid"] != 0:
+        layers.append("unprivileged_uid")
+    else:
+        notes.append("the program's uid 65534 maps to root outside its user namespace")
+    hand_layers.status(status_fd, layers=layers, notes=notes)
+    kernel.set_child_subreaper()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(status_fd)
-            os.chdir(cfg["workdir"])
-            _set_limits(cfg["limits"])
-            _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-            os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
+            if seccomp_fd is not None:
+                os.set_inheritable(seccomp_fd, True)
+            if cfg.get("run_uid") is not None:
+                kernel.switch_user(cfg["run_uid"])  # a uid of its own: owns nothing on the host
+            kernel.set_limits(cfg["limits"])
+            os.execve(argv[0], argv, cfg["bwrap_env"])
         finally:
             os._exit(127)
+    code = 1
     while True:
         try:
-            done, status = os.wait()
+            done, st = os.wait()
         except ChildProcessError:
-            return 1
-        if done == pid:
             break
-    if os.WIFSIGNALED(status):
-        _status(status_fd, signal=os.WTERMSIG(status))
-    else:
-        _status(status_fd, exit=os.WEXITSTATUS(status))
+        if done == pid:
+            code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st)
+    hand_layers.status(status_fd, bwrap_exit=code)
     return 0
 
 
 def main() -> int:
-    cfg = json.loads(sys.argv[1])
+    cfg = _read_config(int(sys.argv[1]))
     status_fd = int(sys.argv[2])
     layers, notes = ["session", "rlimits", "scrubbed_env"], []
-    if cfg.get("cgroup"):
-        try:
-            with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w", encoding="ascii") as f:
-                f.write(str(os.getpid()))
-            layers.append("cgroup_pids")
-        except OSError as e:
-            notes.append(f"cgroup: {e}")
-    in_pid_ns = cfg["namespaces"] and _enter_namespaces(cfg["workdir"], layers, notes)
-    _status(status_fd, layers=layers, notes=notes)
-    if not in_pid_ns:
-        return _run_program(cfg, status_fd)
-    reaper = os.fork()
-    if reaper == 0:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        # A /proc of this namespace only: the host's would show (and, to the same uid, open)
-        # other processes' environments and command lines.
-        proc = _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        _status(status_fd, layers=["private_proc"] if proc == 0 else [],
-                notes=[] if proc == 0 else [f"mount /proc: {os.strerror(ctypes.get_errno())}"])
-        os._exit(_run_program(cfg, status_fd))
-    _, status = os.waitpid(reaper, 0)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+    _join_cgroup(cfg, layers, notes)
+    try:
+        filter_bytes = syscall_filter.build()
+    except syscall_filter.UnsupportedArch as e:
+        filter_bytes = None
+        notes.append(str(e))
+    bwrap = bool(cfg["namespaces"] and cfg.get("bwrap_argv"))
+    own_mounts = cfg["namespaces"] and _private_workdir(cfg, bwrap, layers, notes)
+    _write_files(cfg)
+    if bwrap and own_mounts:
+        return _run_bwrap(cfg, filter_bytes, status_fd, layers, notes)
+    if bwrap:
+        notes.append("bubblewrap not used: no mount namespace for the work dir")
+    return hand_layers.run(cfg, status_fd, filter_bytes, layers, notes, own_mounts)
 
 
 if __name__ == "__main__":

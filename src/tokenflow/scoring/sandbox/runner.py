@@ -1,18 +1,20 @@
 """Run one untrusted Python program with limits, and say how it ended.
 
-The parent side of the sandbox: it makes a temp work dir (and, where it may, a pids cgroup),
-starts :mod:`launcher` in a new session with a scrubbed environment, feeds stdin, reads stdout
-and stderr up to a byte cap, and on the wall-clock deadline (or the cap) kills the whole process
-group. The launcher's status pipe says which isolation layers took effect and how the program
-ended; a killed launcher takes its pid namespace, and so every process the program started,
-with it.
+The parent side of the sandbox: it makes an empty host-side work dir (the launcher mounts the
+quota'd tmpfs over it, inside its own mount namespace) and, where it may, a pids cgroup; starts
+:mod:`launcher` in a new session with its config on a memfd; then, in one wall-clock loop,
+feeds stdin without blocking, reads stdout and stderr up to a byte cap and the status pipe. On
+the deadline (or the cap) it kills the launcher's process group and everything left in the
+cgroup; a killed launcher takes its pid namespace, and so every process the program started,
+with it. Afterwards the work dir and the cgroup are removed: nothing of a run outlives it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-import logging
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -20,105 +22,118 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import PurePosixPath
 
+from tokenflow.scoring.sandbox import bwrap as bubblewrap
 from tokenflow.scoring.sandbox.cgroup import PidsCgroup
+from tokenflow.scoring.sandbox.result import SandboxLimits, SandboxResult, verdict
 
-log = logging.getLogger(__name__)
+__all__ = ["MODES", "SandboxLimits", "SandboxResult", "run_in_mode", "run_program", "scrubbed_env"]
 
-LAUNCHER = Path(__file__).with_name("launcher.py")
-_SIGNAL_REASONS = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit",
-                   signal.SIGKILL: "killed", signal.SIGSEGV: "crashed"}
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-program limits. Each maps to one rlimit (or the wall clock, or the output pipes)."""
-
-    wall_s: float = 10.0
-    """Wall-clock budget; past it the whole process group is killed."""
-    cpu_s: int = 5
-    """RLIMIT_CPU per process (SIGXCPU, then SIGKILL)."""
-    memory_mb: int = 1024
-    """RLIMIT_AS: address space per process; allocations beyond it fail (MemoryError)."""
-    file_mb: int = 16
-    """RLIMIT_FSIZE: largest file a process may write (SIGXFSZ)."""
-    open_files: int = 64
-    """RLIMIT_NOFILE."""
-    processes: int = 32
-    """Processes the program may have at once: pids.max of its cgroup when one can be made,
-    and RLIMIT_NPROC (which the kernel does not apply to root)."""
-    output_bytes: int = 1 << 20
-    """stdout + stderr kept; a program writing more is killed (reason ``output_limit``)."""
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 
 
-@dataclass
-class SandboxResult:
-    ok: bool
-    """The program ran to completion with exit code 0."""
-    reason: str | None
-    """Why not ok: timeout, cpu_limit, memory_limit, file_size_limit, output_limit, killed,
-    crashed, exit_code_N, setup_failed."""
-    exit_code: int | None
-    signal: int | None
-    stdout: str
-    stderr: str
-    wall_s: float
-    workdir: str = ""
-    """The (since removed) work dir: processes still inside it would be leftovers."""
-    layers: tuple[str, ...] = ()
-    """Isolation layers that took effect for this run (see :mod:`isolation`)."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-def scrubbed_env(workdir: str) -> dict[str, str]:
+def scrubbed_env(home: str) -> dict[str, str]:
     """Nothing of the parent's environment (no tokens, no proxies), only what Python needs."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir,
-            "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
+            "TMPDIR": home, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+
+
+def _check_names(files: dict[str, str]) -> None:
+    for name in files:
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+            raise ValueError(f"sandbox file names must be relative, without '..': {name!r}")
+
+
+# How a run is isolated, strongest first (the probe picks the first that works here):
+#   bwrap_uid  bubblewrap, started from root under a uid of the run's own (root callers only)
+#   bwrap      bubblewrap as the caller (from root: uid 65534 inside maps to root outside)
+#   hand       the launcher's own layers (no private root)
+MODES = ("bwrap_uid", "bwrap", "hand")
+# Run uids: a range systemd leaves unassigned (0x70000000-0x7FFDFFFF), one uid per run, so a
+# program owns nothing on the host and shares no process count or signals with another run.
+_RUN_UIDS = (0x70000000, 1 << 24)
 
 
 def run_program(code: str, *, stdin: str = "", files: dict[str, str] | None = None,
                 limits: SandboxLimits = SandboxLimits(), namespaces: bool = True,
+                cgroup: bool = True, bwrap: bool = True) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh work dir holding ``files``; see the module doc.
+    The isolation is the strongest mode the (cached) probe found working here; ``bwrap=False``
+    keeps to the launcher's own layers."""
+    mode = "hand"
+    if namespaces and bwrap and bubblewrap.find():
+        from tokenflow.scoring.sandbox.isolation import probe_isolation
+
+        mode = probe_isolation(namespaces, cgroup, True).mode
+    return run_in_mode(code, mode, stdin=stdin, files=files, limits=limits, namespaces=namespaces,
+                       cgroup=cgroup)
+
+
+def run_in_mode(code: str, mode: str, *, stdin: str = "", files: dict[str, str] | None = None,
+                limits: SandboxLimits = SandboxLimits(), namespaces: bool = True,
                 cgroup: bool = True) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh work dir holding ``files``; see the module doc."""
-    workdir = tempfile.mkdtemp(prefix="tokenflow-sandbox-")
-    os.chmod(workdir, 0o700)
-    (Path(workdir) / "main.py").write_text(code, encoding="utf-8")
-    for name, text in (files or {}).items():
-        target = Path(workdir) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    pids = PidsCgroup.create(limits.processes) if cgroup else None
+    files = dict(files or {})
+    _check_names(files)
+    files["main.py"] = code
+    run_uid = _RUN_UIDS[0] + secrets.randbelow(_RUN_UIDS[1]) if mode == "bwrap_uid" else None
+    # base/work: the tmpfs's mount point; base/pythonN: where a run uid reaches the interpreter
+    base = os.path.realpath(tempfile.mkdtemp(prefix="tokenflow-sandbox-"))
+    os.chmod(base, 0o755 if run_uid is not None else 0o700)
+    workdir = os.path.join(base, "work")
+    os.mkdir(workdir, 0o700)
+    binds, sources = [], {}
+    if run_uid is not None:
+        for i, prefix in enumerate(bubblewrap.prefixes()):
+            sources[prefix] = os.path.join(base, f"python{i}")
+            os.mkdir(sources[prefix], 0o755)
+            binds.append([prefix, sources[prefix]])
+    pids = PidsCgroup.create(limits.processes, os.path.basename(base)) if cgroup else None
+    tool = bubblewrap.find() if mode != "hand" and namespaces else None
     cfg = {
-        "workdir": os.path.realpath(workdir),
-        "argv": [sys.executable, "-I", "-B", "main.py"],
-        "env": scrubbed_env(workdir),
-        "namespaces": namespaces,
-        "cgroup": pids.path if pids else None,
+        "workdir": workdir, "files": files, "namespaces": namespaces, "caller_uid": os.getuid(),
+        "cgroup": pids.path if pids else None, "run_uid": run_uid, "binds": binds,
+        "workdir_mb": limits.workdir_mb, "workdir_files": limits.workdir_files,
+        "argv": [bubblewrap.interpreter(), "-I", "-B", "main.py"], "env": scrubbed_env(workdir),
+        "bwrap_argv": bubblewrap.argv(tool, workdir, sources) if tool else None,
+        "bwrap_env": scrubbed_env(bubblewrap.WORK),
         "limits": {"cpu_s": limits.cpu_s, "address_space_bytes": limits.memory_mb << 20,
                    "file_size_bytes": limits.file_mb << 20, "open_files": limits.open_files,
                    "processes": limits.processes},
     }
     try:
-        return _supervise(cfg, stdin, limits)
+        result = _supervise(cfg, stdin.encode(), limits)
     finally:
         if pids:
+            pids.kill_all()
             pids.remove()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+    result.workdir = base
+    return result
 
 
-def _supervise(cfg: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
+def _config_fd(cfg: dict) -> int:
+    """The config on a memfd: no size limit and nothing to block on (a pipe would, past 64 KiB)."""
+    fd = os.memfd_create("tokenflow-sandbox-config", 0)
+    os.write(fd, json.dumps(cfg).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _supervise(cfg: dict, stdin: bytes, limits: SandboxLimits) -> SandboxResult:
     status_r, status_w = os.pipe()
+    config_fd = _config_fd(cfg)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(LAUNCHER), json.dumps(cfg), str(status_w)],
+            [sys.executable, "-I", "-S", "-B", LAUNCHER, str(config_fd), str(status_w)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=cfg["env"], cwd=cfg["workdir"], start_new_session=True, pass_fds=(status_w,),
+            env=cfg["env"], cwd="/", start_new_session=True, pass_fds=(status_w, config_fd),
         )
     finally:
         os.close(status_w)
+        os.close(config_fd)
     reason = None
     out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
     sel = selectors.DefaultSelector()
@@ -126,20 +141,25 @@ def _supervise(cfg: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     status_file = os.fdopen(status_r, "rb", buffering=0)
     sel.register(status_file, selectors.EVENT_READ, "status")
-    try:
-        if stdin:
-            try:
-                proc.stdin.write(stdin.encode())
-            except BrokenPipeError:
-                pass
+    pending = memoryview(stdin)
+    # stdin is written inside the loop, as the pipe takes it, so a program that never reads
+    # it cannot hold the parent past the deadline.
+    fcntl.fcntl(proc.stdin, fcntl.F_SETFL, fcntl.fcntl(proc.stdin, fcntl.F_GETFL) | os.O_NONBLOCK)
+    if pending:
+        sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+    else:
         proc.stdin.close()
+    try:
         deadline = start + limits.wall_s
-        while sel.get_map():
+        while any(key.data != "stdin" for key in sel.get_map().values()):
             left = deadline - time.monotonic()
             if left <= 0:
                 reason = "timeout"
                 break
             for key, _ in sel.select(timeout=min(left, 0.5)):
+                if key.data == "stdin":
+                    pending = _feed(sel, proc.stdin, pending)
+                    continue
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -148,57 +168,41 @@ def _supervise(cfg: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
             if len(out["stdout"]) + len(out["stderr"]) > limits.output_bytes:
                 reason = "output_limit"
                 break
+        else:
+            # every pipe is closed, but a program may close its own and keep running
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                reason = "timeout"
     finally:
         _kill_group(proc)
         sel.close()
-        status_file.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    return _verdict(proc, out, reason, time.monotonic() - start, limits, cfg["workdir"])
+        for f in (status_file, proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    return verdict(proc.returncode, out, reason, time.monotonic() - start, limits, cfg["workdir"])
+
+
+def _feed(sel: selectors.BaseSelector, pipe, pending: memoryview) -> memoryview:
+    """Write what the pipe takes now; close it once all is written or the reader is gone."""
+    try:
+        pending = pending[os.write(pipe.fileno(), pending[:65536]):]
+    except BlockingIOError:
+        return pending
+    except (BrokenPipeError, OSError):
+        pending = pending[:0]
+    if not pending:
+        sel.unregister(pipe)
+        pipe.close()
+    return pending
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the session's process group (the launcher, the reaper, the program) and reap."""
+    """SIGKILL the session's process group (the launcher or bwrap, the reaper) and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
-
-
-def _limit_in_traceback(stderr: str) -> str | None:
-    """A limit the program met as an exception (Python ignores SIGXFSZ, so an oversized write
-    raises EFBIG rather than killing it)."""
-    tail = stderr[-2000:]
-    if "MemoryError" in tail:
-        return "memory_limit"
-    if "[Errno 27]" in tail:  # EFBIG: File too large
-        return "file_size_limit"
-    return None
-
-
-def _verdict(proc, out: dict, reason: str | None, wall: float, limits: SandboxLimits,
-             cfg_workdir: str) -> SandboxResult:
-    layers, notes, exit_code, sig = [], [], None, None
-    for line in bytes(out["status"]).decode(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        layers += event.get("layers", [])
-        notes += event.get("notes", [])
-        exit_code = event.get("exit", exit_code)
-        sig = event.get("signal", sig)
-    cap = limits.output_bytes
-    stdout = bytes(out["stdout"][:cap]).decode(errors="replace")
-    stderr = bytes(out["stderr"][:cap]).decode(errors="replace")
-    if reason is None:
-        if sig is not None:
-            reason = _SIGNAL_REASONS.get(sig, f"signal_{sig}")
-        elif exit_code is None:
-            reason = "setup_failed"
-            notes.append(f"launcher exited {proc.returncode} without a verdict: {stderr[-500:]}")
-        elif exit_code != 0:
-            reason = _limit_in_traceback(stderr) or f"exit_code_{exit_code}"
-    return SandboxResult(ok=reason is None, reason=reason, exit_code=exit_code, signal=sig,
-                         stdout=stdout, stderr=stderr, wall_s=wall, workdir=cfg_workdir, layers=tuple(layers), notes=tuple(notes))

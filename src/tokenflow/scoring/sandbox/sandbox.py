@@ -11,22 +11,20 @@ log = logging.getLogger(__name__)
 
 
 class Sandbox:
-    """Runs programs under ``limits``; probes the isolation on creation and warns when the
-    network/file-system containment is missing (then only rlimits stand between the program
-    and the machine)."""
+    """Runs programs under ``limits``. Probes the isolation on creation and, when any layer of
+    the containment is missing, logs a warning naming each missing layer and how to get it."""
 
     def __init__(self, limits: SandboxLimits | None = None, *, namespaces: bool = True,
-                 cgroup: bool = True) -> None:
+                 cgroup: bool = True, bwrap: bool = True) -> None:
         self.limits = limits or SandboxLimits()
         self.namespaces, self.cgroup = namespaces, cgroup
-        self.isolation: Isolation = probe_isolation(namespaces, cgroup)
+        self.isolation: Isolation = probe_isolation(namespaces, cgroup, bwrap)
         if not self.isolation.contained:
             log.warning(
-                "SANDBOX NOT CONTAINED: only %s took effect (missing %s%s). Untrusted programs "
-                "can reach the network and write the file system; enable unprivileged user "
-                "namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root.",
-                ", ".join(self.isolation.layers), ", ".join(self.isolation.missing),
-                f"; {'; '.join(self.isolation.notes)}" if self.isolation.notes else "")
+                "SANDBOX NOT CONTAINED: untrusted programs may undo or reach outside the sandbox. "
+                "Took effect: %s. Missing: %s.%s", ", ".join(self.isolation.layers),
+                self.isolation.report(),
+                f" Notes: {'; '.join(self.isolation.notes)}" if self.isolation.notes else "")
         elif "cgroup_pids" not in self.isolation.layers:
             log.info("sandbox: no writable pids cgroup; processes are capped by RLIMIT_NPROC and "
                      "the pid namespace")
@@ -38,4 +36,4 @@ class Sandbox:
     def run(self, code: str, *, stdin: str = "", files: dict[str, str] | None = None,
             limits: SandboxLimits | None = None) -> SandboxResult:
         return run_program(code, stdin=stdin, files=files, limits=limits or self.limits,
-                           namespaces=self.namespaces, cgroup=self.cgroup)
+                           namespaces=self.namespaces, cgroup=self.cgroup, bwrap=self.isolation.bwrap)
