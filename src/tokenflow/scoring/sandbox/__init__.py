@@ -24,8 +24,8 @@ A missing layer is reported loudly: ``Sandbox()`` logs **SANDBOX NOT CONTAINED**
 missing layer and how to get it, and ``Sandbox.isolated`` is false.
 """
 
-from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation
-from tokenflow.scoring.sandbox.runner import SandboxLimits, SandboxResult, run_program
+from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation, run_program
+from tokenflow.scoring.sandbox.runner import SandboxLimits, SandboxResult
 from tokenflow.scoring.sandbox.sandbox import Sandbox
 
 __all__ = ["Isolation", "Sandbox", "SandboxLimits", "SandboxResult", "probe_isolation", "run_program"]

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 
 from tokenflow.scoring.sandbox import bwrap as bubblewrap
+from tokenflow.scoring.sandbox.result import SandboxResult
+from tokenflow.scoring.sandbox.runner import SandboxLimits, run_in_mode
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,6 @@ def _observed(claimed: list[str], seen: dict, limits) -> tuple[list[str], list[s
 def probe_isolation(namespaces: bool = True, cgroup: bool = True, bwrap: bool = True) -> Isolation:
     """Run the probe program in the sandbox, in the strongest mode that starts, and report the
     layers that took effect (and, in ``notes``, why any did not)."""
-    from tokenflow.scoring.sandbox.runner import SandboxLimits, run_in_mode
-
     notes: list[str] = []
     modes = ["hand"]
     if namespaces and bwrap:
@@ -123,3 +123,16 @@ def probe_isolation(namespaces: bool = True, cgroup: bool = True, bwrap: bool = 
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     layers, seen_notes = _observed(list(result.layers), seen, limits)
     return Isolation(tuple(layers), tuple(notes + list(result.notes) + seen_notes), mode=mode)
+
+
+def run_program(code: str, *, stdin: str = "", files: dict[str, str] | None = None,
+                limits: SandboxLimits = SandboxLimits(), namespaces: bool = True,
+                cgroup: bool = True, bwrap: bool = True) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh work dir holding ``files``; see the module doc.
+    The isolation is the strongest mode the (cached) probe found working here; ``bwrap=False``
+    keeps to the launcher's own layers."""
+    mode = "hand"
+    if namespaces and bwrap and bubblewrap.find():
+        mode = probe_isolation(namespaces, cgroup, True).mode
+    return run_in_mode(code, mode, stdin=stdin, files=files, limits=limits, namespaces=namespaces,
+                       cgroup=cgroup)

@@ -56,21 +56,6 @@ MODES = ("bwrap_uid", "bwrap", "hand")
 _RUN_UIDS = (0x70000000, 1 << 24)
 
 
-def run_program(code: str, *, stdin: str = "", files: dict[str, str] | None = None,
-                limits: SandboxLimits = SandboxLimits(), namespaces: bool = True,
-                cgroup: bool = True, bwrap: bool = True) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh work dir holding ``files``; see the module doc.
-    The isolation is the strongest mode the (cached) probe found working here; ``bwrap=False``
-    keeps to the launcher's own layers."""
-    mode = "hand"
-    if namespaces and bwrap and bubblewrap.find():
-        from tokenflow.scoring.sandbox.isolation import probe_isolation
-
-        mode = probe_isolation(namespaces, cgroup, True).mode
-    return run_in_mode(code, mode, stdin=stdin, files=files, limits=limits, namespaces=namespaces,
-                       cgroup=cgroup)
-
-
 def run_in_mode(code: str, mode: str, *, stdin: str = "", files: dict[str, str] | None = None,
                 limits: SandboxLimits = SandboxLimits(), namespaces: bool = True,
                 cgroup: bool = True) -> SandboxResult:

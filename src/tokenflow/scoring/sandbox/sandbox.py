@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation
-from tokenflow.scoring.sandbox.runner import SandboxLimits, SandboxResult, run_program
+from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation, run_program
+from tokenflow.scoring.sandbox.runner import SandboxLimits, SandboxResult
 
 log = logging.getLogger(__name__)
 
