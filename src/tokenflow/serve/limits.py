@@ -182,7 +182,9 @@ def _message_chars(m) -> int:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or a 413 as soon as it is known to be over ``limit``: from its
-    ``Content-Length`` before reading any of it, or while reading a chunked one."""
+    ``Content-Length`` before reading any of it, or while reading a chunked one. The 413 closes
+    the connection, so the rest is never read (clients still get the answer: httpx and the
+    openai client read it while sending)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
@@ -191,7 +193,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large(limit, close=True)
+            raise too_large(limit)
         chunks.append(chunk)
     body = b"".join(chunks)
     request._body = body  # what FastAPI reads (`Request.body` caches it there)
