@@ -131,14 +131,45 @@ def test_a_chunked_body_is_cut_at_the_limit_while_health_stays_responsive(server
     assert latencies and max(latencies) < 2.0, max(latencies)
 
 
+def test_body_bytes_past_their_budget_are_a_429_and_given_back_when_a_client_goes():
+    """Two requests announce 60 KiB each and send nothing: a third does not fit the 128 KiB
+    budget (a 429 that closes its connection); once the two go away, their bytes are free."""
+    config = ServeConfig(max_body_bytes=BODY_LIMIT, max_body_bytes_in_flight=2 * BODY_LIMIT)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 61440\r\n\r\n{")
+    with served("default", config=config, reference=False) as s:
+        admission = s.app.state.service.admission
+        holders = [socket.create_connection(("127.0.0.1", _port(s)), timeout=10) for _ in range(2)]
+        try:
+            for sock in holders:
+                sock.sendall(head)
+            _wait_until(lambda: admission.body == 2 * 61440, 10, "two bodies reserved")
+            with socket.create_connection(("127.0.0.1", _port(s)), timeout=10) as sock:
+                sock.sendall(head)
+                answer = _response_head(sock, timeout_s=10)
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:300]
+            assert b"retry-after: 1" in answer.lower() and b"connection: close" in answer.lower()
+            error = _shape(json.loads(answer.partition(b"\r\n\r\n")[2]))
+            assert error["code"] == "rate_limit_exceeded" and "max_body_bytes_in_flight" in error["message"]
+        finally:
+            for sock in holders:
+                sock.close()
+        _wait_until(lambda: _idle(s) and admission.body == 0, 5, "the bodies' bytes given back")
+        health = httpx.get(s.url + "/health", timeout=10).json()
+        assert health["body_bytes_in_flight"] == 0 and health["requests_in_flight"] == 0
+        assert httpx.post(s.base_url + "/completions", json={"prompt": "1+1=", "max_tokens": 2},
+                          timeout=30).status_code == 200
+
+
 # ---- prompts ----------------------------------------------------------------------------------
 
 class _CountingTokenizer:
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.calls = tokenizer, 0
+    def __init__(self, tokenizer, delay_s: float = 0.0) -> None:
+        self.tokenizer, self.calls, self.delay_s = tokenizer, 0, delay_s
 
     def __call__(self, *args, **kw):
         self.calls += 1
+        time.sleep(self.delay_s)
         return self.tokenizer(*args, **kw)
 
     def __getattr__(self, name):
@@ -195,6 +226,21 @@ def test_prompts_times_n_over_the_cap_is_a_400_without_tokenizing(server, monkey
     error = _shape(r.json())
     assert r.status_code == 400 and error["code"] == "too_many_choices" and "300" in error["message"], r.text
     assert spy.calls == 0
+
+
+def test_prompts_are_tokenized_off_the_event_loop(server, monkeypatch):
+    """A tokenizer that takes a second: /health answers meanwhile."""
+    service = server.app.state.service
+    spy = _CountingTokenizer(service.tokenizer, delay_s=1.0)
+    monkeypatch.setattr(service, "tokenizer", spy)
+    out: list = []
+    call = _call_in_thread(server.base_url + "/completions", {"prompt": "1+1=", "max_tokens": 2}, 30, out)
+    _wait_until(lambda: spy.calls == 1, 10, "the tokenizer called")
+    t = time.perf_counter()
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert time.perf_counter() - t < 0.5
+    call.join(30)
+    assert out == [200]
 
 
 # ---- admission --------------------------------------------------------------------------------

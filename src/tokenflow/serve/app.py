@@ -127,11 +127,14 @@ def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: 
     errors.install(app)
     app.include_router(openai_router(service, on_call=on_call))
 
-    @app.get("/health", summary="Whether the server takes requests", responses={503: {"model": ErrorResponse}})
+    @app.get("/health", summary="Whether the server takes requests, and what it has in flight",
+             responses={503: {"model": ErrorResponse}})
     async def health():
         if service.closing or not driver.running:
             raise errors.unavailable("the server is shutting down" if driver.failure is None else "the engine failed")
-        return {"status": "ok"}
+        a = service.admission
+        return {"status": "ok", "requests_in_flight": a.requests, "tokens_in_flight": a.tokens,
+                "body_bytes_in_flight": a.body, "engine_requests": driver.in_flight, "refused": a.refused}
 
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

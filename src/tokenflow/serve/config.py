@@ -1,8 +1,8 @@
 """`ServeConfig`: the limits that keep `tokenflow serve` answering under abuse (docs/serve.md,
 "Limits"). ``tokenflow serve ... --serve.KEY VALUE`` sets any of them.
 
-What each bounds, in the order a request meets them: its body (bytes, before it is parsed), the
-requests in flight (before the body is read), its prompts (characters, before they are
+What each bounds, in the order a request meets them: the requests in flight (before the body is
+read), its body (bytes, before it is parsed) and the body bytes held over all requests, its prompts (characters, before they are
 tokenized; prompts x n), the tokens in flight (prompt tokens + max_tokens x n, once the prompt is
 tokenized), and, for training sessions, their number, calls and idle time. A refusal is an error
 in OpenAI's shape: 413 for a body, 429 with ``Retry-After`` for admission, 400 for the rest.
@@ -34,6 +34,12 @@ class ServeConfig(ConfigModel):
 
     max_choices: int = Field(default=256, ge=1)
     """Most completions one request may ask for, prompts x ``n`` (a 400 beyond)."""
+
+    max_body_bytes_in_flight: int | None = Field(default=None, ge=0)
+    """Most body bytes held at once over all requests in flight (a declared ``Content-Length``
+    is reserved before reading, a chunked body as it arrives); past it a request is a 429 with
+    ``Retry-After``. It bounds the memory bodies take (docs/serve.md, "Memory"). None: 16 x
+    the body limit. 0: no limit."""
 
     max_requests: int = Field(default=256, ge=0)
     """Most requests in flight at once, from reading their body to their last byte (streams
@@ -75,6 +81,12 @@ class ServeConfig(ConfigModel):
         if self.max_body_bytes is not None:
             return self.max_body_bytes
         return max(MIB, 8 * self.prompt_chars(max_model_len))
+
+    def body_bytes_in_flight(self, max_model_len: int) -> int:
+        """The body-bytes budget (0: none)."""
+        if self.max_body_bytes_in_flight is not None:
+            return self.max_body_bytes_in_flight
+        return 16 * self.body_bytes(max_model_len)
 
     def tokens_in_flight(self, max_num_seqs: int, max_model_len: int) -> int:
         """The token budget (0: none)."""

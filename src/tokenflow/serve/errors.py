@@ -52,10 +52,12 @@ def too_large(limit: int) -> APIError:
                          "serve.max_body_bytes).", code="request_too_large", headers={"Connection": "close"})
 
 
-def rate_limited(message: str, kind: str, retry_after_s: int) -> APIError:
-    """429 as OpenAI words a rate limit (type "requests" or "tokens"), with ``Retry-After``."""
+def rate_limited(message: str, kind: str, retry_after_s: int, *, close: bool = False) -> APIError:
+    """429 as OpenAI words a rate limit (type "requests" or "tokens"), with ``Retry-After``;
+    ``close``: the connection closes after it (a body left unread)."""
+    headers = {"Retry-After": str(retry_after_s), **({"Connection": "close"} if close else {})}
     return APIError(429, f"{message} Please try again in {retry_after_s}s.", type=kind,
-                    code="rate_limit_exceeded", headers={"Retry-After": str(retry_after_s)})
+                    code="rate_limit_exceeded", headers=headers)
 
 
 # pydantic error types -> OpenAI's codes

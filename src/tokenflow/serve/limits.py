@@ -2,7 +2,8 @@
 
 ::
 
-    request ─► slot (max_requests, else 429) ─► body (max_body_bytes, else 413) ─► JSON ─►
+    request ─► slot (max_requests, else 429) ─► body (max_body_bytes, else 413; the body bytes
+        of all requests, max_body_bytes_in_flight, else 429) ─► JSON ─►
         prompt bound and prompts x n (400, before validation and tokenizing) ─► FastAPI's
         validation ─► service: tokenize (a thread) ─► tokens (max_tokens_in_flight, else 429)
 
@@ -32,15 +33,15 @@ logger = logging.getLogger(__name__)
 class Ticket:
     """What one request holds of the admission budget; `release` is idempotent."""
 
-    __slots__ = ("admission", "requests", "tokens")
+    __slots__ = ("admission", "requests", "tokens", "body")
 
     def __init__(self, admission: Admission, requests: int = 0, tokens: int = 0) -> None:
-        self.admission, self.requests, self.tokens = admission, requests, tokens
+        self.admission, self.requests, self.tokens, self.body = admission, requests, tokens, 0
 
     def release(self) -> None:
         admission, self.admission = self.admission, None
         if admission is not None:
-            admission._give_back(self.requests, self.tokens)
+            admission._give_back(self.requests, self.tokens, self.body)
 
 
 class Admission:
@@ -49,9 +50,12 @@ class Admission:
     def __init__(self, config: ServeConfig, max_num_seqs: int, max_model_len: int) -> None:
         self.max_requests = config.max_requests
         self.max_tokens = config.tokens_in_flight(max_num_seqs, max_model_len)
+        self.max_body = config.body_bytes_in_flight(max_model_len)
         self.retry_after_s = config.retry_after_s
         self.requests = 0
         self.tokens = 0
+        self.body = 0
+        """Body bytes held (or announced) by the requests in flight."""
         self.refused = 0
         """429s answered so far."""
         self._lock = threading.Lock()
@@ -65,6 +69,18 @@ class Admission:
                                    "(serve.max_requests).", "requests", self.retry_after_s)
             self.requests += 1
         return Ticket(self, requests=1)
+
+    def take_body(self, ticket: Ticket, size: int) -> None:
+        """``size`` more body bytes for the request of ``ticket``, or a 429 (the connection then
+        closes: the rest of the body is not read)."""
+        with self._lock:
+            if self.max_body and self.body + size > self.max_body:
+                self.refused += 1
+                raise rate_limited(f"This server holds {self.body} bytes of request bodies, its limit is "
+                                   f"{self.max_body} (serve.max_body_bytes_in_flight).", "requests",
+                                   self.retry_after_s, close=True)
+            self.body += size
+            ticket.body += size
 
     def reserve(self, tokens: int, param: str) -> Ticket:
         """``tokens`` of the budget for one call, a 429 while they are not free, or a 400 when
@@ -83,10 +99,11 @@ class Admission:
             self.tokens += tokens
         return Ticket(self, tokens=tokens)
 
-    def _give_back(self, requests: int, tokens: int) -> None:
+    def _give_back(self, requests: int, tokens: int, body: int) -> None:
         with self._lock:
             self.requests -= requests
             self.tokens -= tokens
+            self.body -= body
 
 
 class PromptBound:
@@ -180,20 +197,26 @@ def _message_chars(m) -> int:
     return n
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, admission: Admission, ticket: Ticket) -> bytes:
     """The whole body, or a 413 as soon as it is known to be over ``limit``: from its
-    ``Content-Length`` before reading any of it, or while reading a chunked one. The 413 closes
-    the connection, so the rest is never read (clients still get the answer: httpx and the
-    openai client read it while sending)."""
+    ``Content-Length`` before reading any of it, or while reading a chunked one. Its bytes are
+    taken from the body budget first (a 429 when they do not fit). A 413 or 429 here closes the
+    connection, so the rest is never read (clients still get the answer: httpx and the openai
+    client read it while sending)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = int(declared) if declared is not None and declared.isdigit() else None
+    if declared is not None and declared > limit:
         raise too_large(limit)
+    if declared is not None:
+        admission.take_body(ticket, declared)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if declared is None:
+            admission.take_body(ticket, len(chunk))
         chunks.append(chunk)
     body = b"".join(chunks)
     request._body = body  # what FastAPI reads (`Request.body` caches it there)
@@ -240,7 +263,7 @@ def limited_route(service) -> type[APIRoute]:
             async def limited(request: Request) -> Response:
                 ticket = service.admission.enter()
                 try:
-                    body = await read_body(request, service.max_body_bytes)
+                    body = await read_body(request, service.max_body_bytes, service.admission, ticket)
                     if body and _is_json(request):
                         try:
                             request._json = data = json.loads(body)
