@@ -35,10 +35,11 @@ from pathlib import Path
 PROBER = r"""
 import http.client, json, sys, time
 host, port, interval, duration = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-lat, failures, conn = [], 0, None
+lat, at, failures, conn = [], [], 0, None
 end = time.monotonic() + duration
 while time.monotonic() < end:
     t = time.perf_counter()
+    at.append(time.time())
     try:
         if conn is None:
             conn = http.client.HTTPConnection(host, port, timeout=10)
@@ -51,7 +52,7 @@ while time.monotonic() < end:
         conn = None
     lat.append(time.perf_counter() - t)
     time.sleep(max(0.0, interval - (time.perf_counter() - t)))
-print(json.dumps({"latencies": lat, "failures": failures}))
+print(json.dumps({"latencies": lat, "at": at, "failures": failures}))
 """
 
 REQUEST_TIMEOUT_S = 60.0
@@ -208,7 +209,8 @@ class _Abuse:
         A 429 (every request slot taken) is retried after its Retry-After."""
         await asyncio.sleep(self._later())
         chunked = k % 2 == 1
-        for _ in range(10):
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.deadline + 5.0:
             reader, writer = await asyncio.open_connection(self.host, self.port)
             total = (8 if chunked else 2) * self.body_limit
             headers = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(total)}
@@ -242,6 +244,7 @@ class _Abuse:
                 self.events[f"oversized_answered_{status}"] += 1
                 return
             await asyncio.sleep(float(answer.get("retry-after", 1)))
+        self.events["oversized_refused_429_only"] += 1  # every try until the end found the slots taken
 
     async def disconnect(self, k: int) -> None:
         """A long call whose client goes away mid-request (a whole call after 50-500 ms, a
@@ -250,7 +253,8 @@ class _Abuse:
         stream = k % 2 == 1
         body = json.dumps({"prompt": "12+34=", "max_tokens": self.args.disconnect_tokens, "ignore_eos": True,
                            "stream": stream}).encode()
-        for _ in range(20):
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.deadline + 5.0:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
             except OSError as e:
@@ -281,6 +285,7 @@ class _Abuse:
                 return
             finally:
                 writer.close()
+        self.events["disconnect_refused_429_only"] += 1  # every try found the request slots taken
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -356,6 +361,7 @@ def run(args) -> int:
             finally:
                 sampler.cancel()
 
+        abuse_start = time.time()
         abuse_s = asyncio.run(main())
         # settle: everything given back, the engine empty
         settled, health = None, {}
@@ -401,6 +407,8 @@ def run(args) -> int:
             "five_xx": five_xx,
             "health_probes": len(lat), "health_failures": probe["failures"],
             "health_p50_ms": _ms(_pct(lat, 50)), "health_p99_ms": _ms(_pct(lat, 99)), "health_max_ms": _ms(max(lat)),
+            "health_worst_ms_at_s": [[_ms(x), round(a - abuse_start, 2)]
+                                     for x, a in sorted(zip(lat, probe["at"]), reverse=True)[:8]],
             "rss_base_mib": _mib(base), "rss_peak_mib": _mib(peak), "rss_bound_mib": _mib(bound["total"]),
             "rss_bound_terms_mib": {k: _mib(v) for k, v in bound.items() if k != "total"},
             "settled_s": settled, "in_flight_after": {k: v for k, v in health.items() if k != "status"},

@@ -261,6 +261,9 @@ def limited_route(service) -> type[APIRoute]:
             check = service.prompt_bound.chat if self.name == "chat_completions" else service.prompt_bound.completion
 
             async def limited(request: Request) -> Response:
+                declared = request.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > service.max_body_bytes:
+                    raise too_large(service.max_body_bytes)  # from its headers: no slot needed
                 ticket = service.admission.enter()
                 try:
                     body = await read_body(request, service.max_body_bytes, service.admission, ticket)
