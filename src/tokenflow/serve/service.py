@@ -427,6 +427,9 @@ class OpenAIService:
                 try:
                     async for event in events:
                         yield event
+                        # Let the loop run between events: a client gone is noticed before more is
+                        # written to it, and a burst of events does not hold up other requests.
+                        await asyncio.sleep(0)
                 except APIError as e:  # the status line is sent: the error goes in the stream
                     yield _event(e.body())
                 except Exception as e:  # noqa: BLE001 - a bug: logged, reported without internals
