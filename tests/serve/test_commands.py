@@ -57,6 +57,57 @@ def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
             proc.wait()
 
 
+def test_serve_stops_within_its_timeout_with_calls_in_flight_and_logs_no_error():
+    """SIGTERM with 40 long calls in flight (whole and streamed, 8 samples of 250 tokens each):
+    the server is gone within --serve.shutdown_timeout_s (3 s, plus a second for the process to
+    exit), every call got an answer (a 503, or a stream that ends with an error event), and the
+    log has no traceback and no error (no task cancelled by uvicorn's deadline)."""
+    import asyncio
+
+    port = _free_port()
+    proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--engine.device", "cpu",
+                      "--serve.shutdown_timeout_s", "3")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+
+        async def calls() -> tuple[list, float]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                async def one(k: int):
+                    body = {"prompt": [4, 5, 6], "max_tokens": 250, "ignore_eos": True, "n": 8, "stream": k % 2 == 0}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    return r.status_code, r.text
+
+                tasks = [asyncio.ensure_future(one(k)) for k in range(40)]
+                while (await client.get(url + "/health")).json()["engine_requests"] < 40:
+                    await asyncio.sleep(0.05)
+                start = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                answers = await asyncio.gather(*tasks)
+                await asyncio.to_thread(proc.wait, 30)
+                return answers, time.monotonic() - start
+
+        answers, took = asyncio.run(calls())
+        assert took < 3 + 1.0, took
+        for status, text in answers:
+            assert status == 503 or (status == 200 and "service_unavailable" in text and text.rstrip().endswith("[DONE]"))
+        log = proc.stdout.read()
+        assert "Traceback" not in log and " ERROR " not in log and "Application shutdown complete" in log, log[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_bench_serve_prints_one_json_object():
     proc = _tokenflow("bench", "serve", "--in-process", "--clients", "2", "--requests", "6", "--max-tokens", "4",
                       "--json")
