@@ -87,6 +87,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         logger.info("serve: %s (%s backend) as %r on http://%s:%d/v1%s", model, cfg.backend,
                     args.model_name or args.model, args.host, args.port, ", API key required" if api_key else "")
         _freeze_startup_objects()
+        _share_the_gil()
         if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             logger.warning("serve: listening on %s without an API key: anyone who can reach it can use it", args.host)
         run_server(app, args.host, args.port, access_log=args.access_log,
@@ -95,6 +96,14 @@ def run(args, overrides: list[str] | None = None) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _share_the_gil() -> None:
+    """The event loop thread gives up the GIL at every socket call, and gets it back only once
+    the engine thread lets go of it: at the latest after the switch interval, 5 ms by default.
+    1 ms keeps /health (and every answer) from waiting on the engine's Python code, at the cost
+    of more switches for the engine thread."""
+    sys.setswitchinterval(0.001)
 
 
 def _freeze_startup_objects() -> None:
