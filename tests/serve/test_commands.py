@@ -118,6 +118,23 @@ def test_bench_serve_prints_one_json_object():
     assert 0 < result["ttft_p50_s"] <= result["latency_p50_s"] <= result["latency_p99_s"]
 
 
+def test_bench_serve_abuse_prints_one_json_object():
+    """A small abuse run: the report's shape and the goals that do not depend on the machine's
+    speed (no 5xx, every oversized body refused, nothing left in flight, a clean stop, the peak
+    memory within its bound); the /health latency goal is the full benchmark's."""
+    proc = _tokenflow("bench", "serve", "--abuse", "--clients", "20", "--oversized", "4", "--disconnects", "4",
+                      "--duration", "3", "--json")
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode in (0, 1), out
+    result = json.loads(out.strip().splitlines()[-1])
+    goals = result["goals"]
+    assert goals["no_5xx"] and goals["nothing_left_in_flight"] and goals["clean_stop"] and goals["rss_within_bound"], result
+    assert result["five_xx"] == 0 and result["events"].get("oversized_refused_413", 0) + \
+        result["events"].get("oversized_refused_429_only", 0) == 4
+    assert result["health_probes"] > 0 and result["health_p99_ms"] is not None
+    assert result["rss_base_mib"] <= result["rss_peak_mib"] <= result["rss_bound_mib"]
+
+
 def test_serve_names_a_model_that_is_not_there(tmp_path):
     proc = _tokenflow("serve", str(tmp_path / "nothing"))
     out, _ = proc.communicate(timeout=60)
