@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     abuse.add_argument("--per-client", type=int, default=20, help="most requests each client sends")
     abuse.add_argument("--oversized", type=int, default=50, help="bodies over the server's limit")
     abuse.add_argument("--disconnects", type=int, default=50, help="clients that go away mid-request")
-    abuse.add_argument("--disconnect-tokens", type=int, default=200, help="max_tokens of a call that is left")
+    abuse.add_argument("--disconnect-tokens", type=int, default=240, help="max_tokens of a call that is left")
     p.set_defaults(func=run)
 
 

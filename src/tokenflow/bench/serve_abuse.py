@@ -8,7 +8,7 @@ For ``--duration`` seconds, all at once:
 * ``--oversized`` (50) bodies over the server's limit: half announce their length
   (``Content-Length``, twice the limit, then send it), half are chunked and never end;
 * ``--disconnects`` (50) long calls whose client goes away mid-request (half whole calls,
-  closed after 50-500 ms, half streams, closed after their first event);
+  closed after 20-200 ms, half streams, closed after their first event);
 
 while a separate process asks ``/health`` every 20 ms, from before the abuse starts until it has
 settled. The clients use raw asyncio streams (one small HTTP/1.1 client each), and the process
@@ -209,9 +209,14 @@ class _Abuse:
         A 429 (every request slot taken) is retried after its Retry-After."""
         await asyncio.sleep(self._later())
         chunked = k % 2 == 1
+        kind = "chunked" if chunked else "declared"
         loop = asyncio.get_running_loop()
         while loop.time() < self.deadline + 5.0:
-            reader, writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError as e:
+                self.events[f"oversized_{kind}_error:{type(e).__name__}"] += 1
+                return
             total = (8 if chunked else 2) * self.body_limit
             headers = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(total)}
 
@@ -229,7 +234,8 @@ class _Abuse:
             try:
                 status, answer = await asyncio.wait_for(_read_head(reader), REQUEST_TIMEOUT_S)
             except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
-                self.events[f"oversized_error:{type(e).__name__}"] += 1
+                # chunked: the server closed the connection at the limit, and the reset came first
+                self.events[f"oversized_{kind}_error:{type(e).__name__}"] += 1
                 status, answer = None, {}
             finally:
                 sender.cancel()
@@ -238,16 +244,16 @@ class _Abuse:
                 return
             self._count(status)
             if status == 413:
-                self.events["oversized_refused_413"] += 1
+                self.events[f"oversized_{kind}_413"] += 1
                 return
             if status != 429:
-                self.events[f"oversized_answered_{status}"] += 1
+                self.events[f"oversized_{kind}_answered_{status}"] += 1
                 return
             await asyncio.sleep(float(answer.get("retry-after", 1)))
-        self.events["oversized_refused_429_only"] += 1  # every try until the end found the slots taken
+        self.events[f"oversized_{kind}_429_only"] += 1  # every try until the end found the slots taken
 
     async def disconnect(self, k: int) -> None:
-        """A long call whose client goes away mid-request (a whole call after 50-500 ms, a
+        """A long call whose client goes away mid-request (a whole call after 20-200 ms, a
         stream after its first event); retried while it gets a 429."""
         await asyncio.sleep(self._later())
         stream = k % 2 == 1
@@ -263,7 +269,7 @@ class _Abuse:
             try:
                 writer.write(_head("/v1/completions", {"Content-Length": str(len(body))}) + body)
                 await writer.drain()
-                wait = REQUEST_TIMEOUT_S if stream else self.rng.uniform(0.05, 0.5)
+                wait = REQUEST_TIMEOUT_S if stream else self.rng.uniform(0.02, 0.2)
                 try:
                     status, headers = await asyncio.wait_for(_read_head(reader), wait)
                 except asyncio.TimeoutError:

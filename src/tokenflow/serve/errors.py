@@ -46,10 +46,11 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, type="service_unavailable", code="service_unavailable")
 
 
-def too_large(limit: int) -> APIError:
-    """413, and the connection closes after it: the rest of the body is never read."""
+def too_large(limit: int, *, close: bool = True) -> APIError:
+    """413; ``close``: the connection closes after it, and the rest of the body is never read."""
     return APIError(413, f"The request body is larger than this server takes ({limit} bytes; "
-                         "serve.max_body_bytes).", code="request_too_large", headers={"Connection": "close"})
+                         "serve.max_body_bytes).", code="request_too_large",
+                    headers={"Connection": "close"} if close else None)
 
 
 def rate_limited(message: str, kind: str, retry_after_s: int, *, close: bool = False) -> APIError:

@@ -16,6 +16,7 @@ a body of millions of token ids.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import threading
@@ -28,6 +29,11 @@ from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.errors import APIError, bad_request, rate_limited, too_large, unavailable
 
 logger = logging.getLogger(__name__)
+
+DRAIN_FACTOR = 8
+"""A refused body that announced at most this many times the body limit is read to its end
+and dropped, so that its client, still sending, reads the answer; past it, or chunked, the
+connection closes after the answer (the client may then see the connection reset instead)."""
 
 
 class Ticket:
@@ -70,15 +76,15 @@ class Admission:
             self.requests += 1
         return Ticket(self, requests=1)
 
-    def take_body(self, ticket: Ticket, size: int) -> None:
-        """``size`` more body bytes for the request of ``ticket``, or a 429 (the connection then
-        closes: the rest of the body is not read)."""
+    def take_body(self, ticket: Ticket, size: int, *, close: bool) -> None:
+        """``size`` more body bytes for the request of ``ticket``, or a 429 (``close``: the
+        connection closes after it, the rest of the body unread)."""
         with self._lock:
             if self.max_body and self.body + size > self.max_body:
                 self.refused += 1
                 raise rate_limited(f"This server holds {self.body} bytes of request bodies, its limit is "
                                    f"{self.max_body} (serve.max_body_bytes_in_flight).", "requests",
-                                   self.retry_after_s, close=True)
+                                   self.retry_after_s, close=close)
             self.body += size
             ticket.body += size
 
@@ -104,6 +110,40 @@ class Admission:
             self.requests -= requests
             self.tokens -= tokens
             self.body -= body
+
+
+class Turns:
+    """Hands the event loop out in turns. A coroutine awaits `take` before a synchronous
+    stretch of work (starting a request, building an answer, a stream's next event); while
+    another stretch has run in this loop iteration, it waits, and the waiters are let go one an
+    iteration, in order. A burst (the 256 calls one engine step finished, 250 requests that
+    arrived at once) then runs one piece an iteration, and the loop polls its sockets between
+    them: /health, and every other socket, are answered within a few pieces, not after the
+    burst. Nothing is held: a turn is only when a stretch starts. Uncontended, a turn costs one
+    ``call_soon``."""
+
+    def __init__(self) -> None:
+        self._waiters: collections.deque = collections.deque()
+        self._busy = False
+
+    async def take(self) -> None:
+        loop = asyncio.get_running_loop()
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(self._next)
+            return
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+    def _next(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a cancelled waiter (a client gone) is passed over
+                waiter.set_result(None)
+                asyncio.get_running_loop().call_soon(self._next)
+                return
+        self._busy = False
 
 
 class PromptBound:
@@ -200,15 +240,14 @@ def _message_chars(m) -> int:
 async def read_body(request: Request, limit: int, admission: Admission, ticket: Ticket) -> bytes:
     """The whole body, or a 413 as soon as it is known to be over ``limit``: from its
     ``Content-Length`` before reading any of it, or while reading a chunked one. Its bytes are
-    taken from the body budget first (a 429 when they do not fit). A 413 or 429 here closes the
-    connection, so the rest is never read (clients still get the answer: httpx and the openai
-    client read it while sending)."""
-    declared = request.headers.get("content-length")
-    declared = int(declared) if declared is not None and declared.isdigit() else None
+    taken from the body budget first (a 429 when they do not fit). A chunked body, or one that
+    announced more than `DRAIN_FACTOR` times the limit, has its connection closed after the
+    answer, so the rest is never read."""
+    declared = _declared(request)
     if declared is not None and declared > limit:
-        raise too_large(limit)
+        raise too_large(limit, close=declared > DRAIN_FACTOR * limit)
     if declared is not None:
-        admission.take_body(ticket, declared)
+        admission.take_body(ticket, declared, close=False)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -216,11 +255,16 @@ async def read_body(request: Request, limit: int, admission: Admission, ticket: 
         if size > limit:
             raise too_large(limit)
         if declared is None:
-            admission.take_body(ticket, len(chunk))
+            admission.take_body(ticket, len(chunk), close=True)
         chunks.append(chunk)
     body = b"".join(chunks)
     request._body = body  # what FastAPI reads (`Request.body` caches it there)
     return body
+
+
+def _declared(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() else None
 
 
 def _is_json(request: Request) -> bool:
@@ -261,9 +305,10 @@ def limited_route(service) -> type[APIRoute]:
             check = service.prompt_bound.chat if self.name == "chat_completions" else service.prompt_bound.completion
 
             async def limited(request: Request) -> Response:
-                declared = request.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > service.max_body_bytes:
-                    raise too_large(service.max_body_bytes)  # from its headers: no slot needed
+                await service.turns.take()  # requests that arrive together start one a loop turn
+                declared, limit = _declared(request), service.max_body_bytes
+                if declared is not None and declared > limit:  # from its headers: no slot needed
+                    raise too_large(limit, close=declared > DRAIN_FACTOR * limit)
                 ticket = service.admission.enter()
                 try:
                     body = await read_body(request, service.max_body_bytes, service.admission, ticket)

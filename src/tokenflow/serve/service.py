@@ -36,7 +36,7 @@ from tokenflow.serve.chat import ChatFormat, parse_output
 from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
 from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
-from tokenflow.serve.limits import Admission, EventStream, PromptBound, Ticket
+from tokenflow.serve.limits import Admission, EventStream, PromptBound, Ticket, Turns
 from tokenflow.serve.output import ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_logprobs
 from tokenflow.serve.protocol import (
     AssistantMessage,
@@ -126,6 +126,8 @@ class OpenAIService:
         self.created = int(time.time())
         self.closing = False
         """Set when the server starts shutting down: new calls get a 503."""
+        self.turns = Turns()
+        """The event loop, in turns (`Turns`): a burst of work is spread over loop iterations."""
         self._tokenizing: concurrent.futures.ThreadPoolExecutor | None = None
         """The one thread that tokenizes prompts and renders chat templates (one tokenizer is not
         called from two threads at once)."""
@@ -192,6 +194,7 @@ class OpenAIService:
                 return Response(status_code=499)
         finally:
             self._end(call)
+        await self.turns.take()
         choices = []
         for c in call.choices:
             content, calls = (c.text.released, [])
@@ -267,6 +270,7 @@ class OpenAIService:
                 return Response(status_code=499)
         finally:
             self._end(call)
+        await self.turns.take()
         choices = [CompletionChoice(
             index=c.index, text=c.text.released, finish_reason=c.finish_reason,
             logprobs=completion_logprobs(c, 0, top_n, self.strings) if body.logprobs is not None else None,
@@ -377,8 +381,11 @@ class OpenAIService:
         """(choice, first new token, newly released text, finished?) per engine event, until
         every sample has finished."""
         pending = len(call.choices)
+        stream = bool(call.subs) and call.subs[0].stream
         while pending:
             event = await call.queue.get()
+            if stream:
+                await self.turns.take()  # one stream's event a loop turn, when many come at once
             if isinstance(event, TokenDelta):
                 c = call.choice_of(event.request_id, event.sample_index)
                 start, text = c.add(event.token_ids, event.logprobs, event.top_logprobs)
