@@ -56,19 +56,38 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(model: str, *, api_key: str | None = None, model_name: str | None = None, on_call=None):
+def served(model: str, *, api_key: str | None = None, model_name: str | None = None, on_call=None,
+           config=None, reference: bool = True):
+    """``config``: the server's `ServeConfig` (its limits); ``reference``: build the second engine."""
     path = resolve_model_path(model)
-    config = EngineConfig(device="cpu", dtype="float32", threads=1, max_num_seqs=64, seed=0)
-    engine = make_engine(path, config)
-    reference = make_engine(path, config)
-    app = create_app(engine, model_name or model, api_key=api_key, on_call=on_call)
+    engine_config = EngineConfig(device="cpu", dtype="float32", threads=1, max_num_seqs=64, seed=0)
+    engine = make_engine(path, engine_config)
+    ref = make_engine(path, engine_config) if reference else None
+    app = create_app(engine, model_name or model, api_key=api_key, on_call=on_call, config=config)
     try:
         with BackgroundServer(app, startup_timeout_s=60) as server:
-            yield Served(server.url, model_name or model, app, engine, reference)
+            yield Served(server.url, model_name or model, app, engine, ref)
         assert not app.state.driver.running, "the engine thread outlived the server"
     finally:
         engine.close()
-        reference.close()
+        if ref is not None:
+            ref.close()
+
+
+def slow_steps(engine, seconds: float):
+    """Make each ``engine.step()`` take ``seconds`` more, so that requests stay in flight long
+    enough to disconnect from, be refused beside or stop the server under (the engine itself is
+    real). Returns the function that puts the engine back."""
+    import time
+
+    step = engine.step
+
+    def slow():
+        time.sleep(seconds)
+        return step()
+
+    engine.step = slow
+    return lambda: engine.__dict__.pop("step", None)
 
 
 def sync_client(s: Served, api_key: str = "unused"):

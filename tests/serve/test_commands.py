@@ -57,6 +57,57 @@ def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
             proc.wait()
 
 
+def test_serve_stops_within_its_timeout_with_calls_in_flight_and_logs_no_error():
+    """SIGTERM with 40 long calls in flight (whole and streamed, 8 samples of 250 tokens each):
+    the server is gone within --serve.shutdown_timeout_s (3 s, plus a second for the process to
+    exit), every call got an answer (a 503, or a stream that ends with an error event), and the
+    log has no traceback and no error (no task cancelled by uvicorn's deadline)."""
+    import asyncio
+
+    port = _free_port()
+    proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--engine.device", "cpu",
+                      "--serve.shutdown_timeout_s", "3")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+
+        async def calls() -> tuple[list, float]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                async def one(k: int):
+                    body = {"prompt": [4, 5, 6], "max_tokens": 250, "ignore_eos": True, "n": 8, "stream": k % 2 == 0}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    return r.status_code, r.text
+
+                tasks = [asyncio.ensure_future(one(k)) for k in range(40)]
+                while (await client.get(url + "/health")).json()["engine_requests"] < 40:
+                    await asyncio.sleep(0.05)
+                start = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                answers = await asyncio.gather(*tasks)
+                await asyncio.to_thread(proc.wait, 30)
+                return answers, time.monotonic() - start
+
+        answers, took = asyncio.run(calls())
+        assert took < 3 + 1.0, took
+        for status, text in answers:
+            assert status == 503 or (status == 200 and "service_unavailable" in text and text.rstrip().endswith("[DONE]"))
+        log = proc.stdout.read()
+        assert "Traceback" not in log and " ERROR " not in log and "Application shutdown complete" in log, log[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_bench_serve_prints_one_json_object():
     proc = _tokenflow("bench", "serve", "--in-process", "--clients", "2", "--requests", "6", "--max-tokens", "4",
                       "--json")
@@ -65,6 +116,23 @@ def test_bench_serve_prints_one_json_object():
     result = json.loads(out.strip().splitlines()[-1])
     assert result["errors"] == 0 and result["requests"] == 6 and result["completion_tokens_per_s"] > 0
     assert 0 < result["ttft_p50_s"] <= result["latency_p50_s"] <= result["latency_p99_s"]
+
+
+def test_bench_serve_abuse_prints_one_json_object():
+    """A small abuse run: the report's shape and the goals that do not depend on the machine's
+    speed (no 5xx, every oversized body refused, nothing left in flight, a clean stop, the peak
+    memory within its bound); the /health latency goal is the full benchmark's."""
+    proc = _tokenflow("bench", "serve", "--abuse", "--clients", "20", "--oversized", "4", "--disconnects", "4",
+                      "--duration", "3", "--json")
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode in (0, 1), out
+    result = json.loads(out.strip().splitlines()[-1])
+    goals = result["goals"]
+    assert goals["no_5xx"] and goals["nothing_left_in_flight"] and goals["clean_stop"] and goals["rss_within_bound"], result
+    oversized = sum(n for k, n in result["events"].items() if k.startswith("oversized_"))
+    assert result["five_xx"] == 0 and oversized == 4 and result["events"].get("oversized_declared_413") == 2
+    assert result["health_probes"] > 0 and result["health_p99_ms"] is not None
+    assert result["rss_base_mib"] <= result["rss_peak_mib"] <= result["rss_bound_mib"]
 
 
 def test_serve_names_a_model_that_is_not_there(tmp_path):

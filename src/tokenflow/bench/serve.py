@@ -9,6 +9,10 @@ requests (the default) also measure the time to the first token.
 
 Printed: requests/s, completion tokens/s (from each response's usage), latency p50/p99, time to
 first token p50/p99, and the error count (non-200 answers, broken streams, timeouts).
+
+``--abuse`` runs the server under abuse instead (`tokenflow.bench.serve_abuse`): 500 clients,
+oversized bodies and mid-request disconnects at once, reporting ``/health`` latency, the
+server's peak memory against the bound its limits give, and the 5xx count.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="default", help='model to serve (default: "default")')
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="chat needs a model with a chat template (default-tool)")
-    p.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    p.add_argument("--clients", type=int, default=None, help="concurrent clients (default 8; --abuse: 500)")
     p.add_argument("--requests", type=int, default=64, help="requests in all")
     p.add_argument("--max-tokens", type=int, default=32, help="completion tokens per request")
     p.add_argument("--no-stream", action="store_true", help="whole responses (no time to first token)")
@@ -41,6 +45,14 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a request may take")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    abuse = p.add_argument_group("abuse mode (--abuse)")
+    abuse.add_argument("--abuse", action="store_true",
+                       help="500 clients, oversized bodies and disconnects at once against a subprocess server")
+    abuse.add_argument("--duration", type=float, default=20.0, help="seconds of abuse")
+    abuse.add_argument("--per-client", type=int, default=20, help="most requests each client sends")
+    abuse.add_argument("--oversized", type=int, default=50, help="bodies over the server's limit")
+    abuse.add_argument("--disconnects", type=int, default=50, help="clients that go away mid-request")
+    abuse.add_argument("--disconnect-tokens", type=int, default=240, help="max_tokens of a call that is left")
     p.set_defaults(func=run)
 
 
@@ -182,6 +194,13 @@ def _pct(values: list[float], q: float) -> float | None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    if args.abuse:
+        from tokenflow.bench.serve_abuse import run as run_abuse
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        return run_abuse(args)
+    if args.clients is None:
+        args.clients = 8
     if args.clients < 1 or args.requests < 1 or args.max_tokens < 1:
         print("error: --clients, --requests and --max-tokens must be >= 1", file=sys.stderr)
         return 2

@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         description="Serve /v1/chat/completions, /v1/completions and /v1/models from a tokenflow engine. "
                     "MODEL_OR_RUN is resolved as `tokenflow eval` does. Engine settings come from the run's "
                     "config (a run or checkpoint folder) or the defaults, then --engine.KEY VALUE overrides "
-                    "(e.g. --engine.backend vllm).")
+                    "(e.g. --engine.backend vllm). The server's limits are --serve.KEY VALUE (e.g. "
+                    "--serve.max_requests 64; see docs/serve.md, \"Limits\").")
     p.add_argument("model", metavar="MODEL_OR_RUN",
                    help='model / checkpoint / run folder, or a shipped model: "default", "default-tool", "default-moe"')
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -30,18 +31,35 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, _allow_overrides=True)
 
 
+def _overrides(overrides: list[str], section: str) -> dict:
+    """The ``--SECTION.KEY VALUE`` overrides, by key; anything but --engine and --serve is an error."""
+    from tokenflow.config.loading import ConfigError, parse_overrides
+
+    parsed = parse_overrides(overrides)
+    other = sorted(k for k in parsed if not k.startswith(("engine.", "serve.")))
+    if other:
+        raise ConfigError("serve takes only --engine.KEY and --serve.KEY overrides, got "
+                          + ", ".join("--" + k for k in other))
+    return {k.split(".", 1)[1]: v for k, v in parsed.items() if k.startswith(section + ".")}
+
+
 def engine_config(run_dir, overrides: list[str]):
     """The run's engine settings (or the defaults), with ``--engine.KEY VALUE`` overrides."""
-    from tokenflow.config.loading import ConfigError, load_config, parse_overrides, validate
+    from tokenflow.config.loading import load_config, validate
     from tokenflow.config.root import TrainConfig
     from tokenflow.engine.config import EngineConfig
 
-    parsed = parse_overrides(overrides)
-    other = sorted(k for k in parsed if not k.startswith("engine."))
-    if other:
-        raise ConfigError(f"serve takes only --engine.KEY overrides, got {', '.join('--' + k for k in other)}")
+    parsed = _overrides(overrides, "engine")
     base = load_config(TrainConfig, run_dir / "config.toml").engine if run_dir is not None else EngineConfig()
-    return validate(EngineConfig, {**base.model_dump(), **{k.split(".", 1)[1]: v for k, v in parsed.items()}})
+    return validate(EngineConfig, {**base.model_dump(), **parsed})
+
+
+def serve_config(overrides: list[str]):
+    """The server's limits (`ServeConfig`): the defaults with ``--serve.KEY VALUE`` overrides."""
+    from tokenflow.config.loading import validate
+    from tokenflow.serve.config import ServeConfig
+
+    return validate(ServeConfig, _overrides(overrides, "serve"))
 
 
 def run(args, overrides: list[str] | None = None) -> int:
@@ -52,6 +70,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     try:
         model, run_dir = locate(args.model)
         cfg = engine_config(run_dir, overrides or [])
+        limits = serve_config(overrides or [])
     except (ConfigError, InputError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -64,13 +83,34 @@ def run(args, overrides: list[str] | None = None) -> int:
 
     engine = make_engine(model, cfg)
     try:
-        app = create_app(engine, args.model_name or args.model, api_key=api_key)
+        app = create_app(engine, args.model_name or args.model, api_key=api_key, config=limits)
         logger.info("serve: %s (%s backend) as %r on http://%s:%d/v1%s", model, cfg.backend,
                     args.model_name or args.model, args.host, args.port, ", API key required" if api_key else "")
+        _freeze_startup_objects()
+        _share_the_gil()
         if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             logger.warning("serve: listening on %s without an API key: anyone who can reach it can use it", args.host)
         run_server(app, args.host, args.port, access_log=args.access_log,
-                   log_level="debug" if getattr(args, "verbose", False) else "info")
+                   log_level="debug" if getattr(args, "verbose", False) else "info",
+                   graceful_s=limits.shutdown_timeout_s)
     finally:
         engine.close()
     return 0
+
+
+def _share_the_gil() -> None:
+    """The event loop thread gives up the GIL at every socket call, and gets it back only once
+    the engine thread lets go of it: at the latest after the switch interval, 5 ms by default.
+    1 ms keeps /health (and every answer) from waiting on the engine's Python code, at the cost
+    of more switches for the engine thread."""
+    sys.setswitchinterval(0.001)
+
+
+def _freeze_startup_objects() -> None:
+    """Move what start-up built (torch, transformers, the model: millions of objects) out of the
+    cyclic garbage collector's reach. Its full collections then walk only what requests
+    create, instead of pausing the event loop for a scan of every module's objects."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

@@ -4,7 +4,8 @@
 come from `openai_router`, which can be mounted again under another prefix with a hook of its
 own: a training runtime can serve ``/sessions/{session_id}/v1/...`` on the same app and engine,
 and record each call's rollouts (token ids, behaviour log-probs, versions) in its `CallHook`,
-which sees the session id in ``request.path_params``.
+which sees the session id in ``request.path_params``. Every POST route checks the limits of
+`tokenflow.serve.limits` (the service's `ServeConfig`) before FastAPI parses its body.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from tokenflow.serve import errors
+from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import EngineDriver
 from tokenflow.serve.errors import APIError
+from tokenflow.serve.limits import limited_route
 from tokenflow.serve.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -39,6 +42,9 @@ _ERRORS = {
     400: "Invalid request: a malformed body, a bad parameter, a prompt longer than the context",
     401: "Missing or wrong API key",
     404: "Unknown model",
+    413: "The request body is larger than the server takes (serve.max_body_bytes)",
+    429: "Too many requests or tokens in flight (serve.max_requests, serve.max_tokens_in_flight); "
+         "retry after the Retry-After header's seconds",
     500: "A bug in the server (its log has the details)",
     503: "The server is shutting down",
 }
@@ -69,7 +75,7 @@ def _responses(model, chunk=None) -> dict:
 def openai_router(service: OpenAIService, *, prefix: str = "/v1", on_call: CallHook | None = None,
                   tags: list[str] | None = None) -> APIRouter:
     """The OpenAI endpoints under ``prefix``; ``on_call`` sees every finished call."""
-    router = APIRouter(prefix=prefix, tags=tags or ["openai"])
+    router = APIRouter(prefix=prefix, tags=tags or ["openai"], route_class=limited_route(service))
 
     @router.post("/chat/completions", response_model=None, responses=_responses(ChatCompletion, ChatCompletionChunk),
                  summary="Create a chat completion")
@@ -94,11 +100,13 @@ def openai_router(service: OpenAIService, *, prefix: str = "/v1", on_call: CallH
     return router
 
 
-def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: CallHook | None = None) -> FastAPI:
-    """An OpenAI-compatible server for ``engine`` (a `RolloutEngine`, which the caller closes).
-    The engine's step loop runs in one thread from startup to shutdown (`EngineDriver`)."""
+def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: CallHook | None = None,
+               config: ServeConfig | None = None) -> FastAPI:
+    """An OpenAI-compatible server for ``engine`` (a `RolloutEngine`, which the caller closes),
+    within the limits of ``config``. The engine's step loop runs in one thread from startup to
+    shutdown (`EngineDriver`)."""
     driver = EngineDriver(engine)
-    service = OpenAIService(driver, model_name)
+    service = OpenAIService(driver, model_name, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -107,7 +115,9 @@ def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: 
             yield
         finally:
             service.closing = True
-            await asyncio.to_thread(driver.close)
+            # The stop's last fifth: the engine thread ends after its current step.
+            await asyncio.to_thread(driver.close, max(1.0, 0.2 * service.config.shutdown_timeout_s))
+            service.close()
 
     app = FastAPI(title="tokenflow serve", version="1",
                   description="OpenAI-compatible chat and text completions from a tokenflow engine.",
@@ -117,11 +127,14 @@ def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: 
     errors.install(app)
     app.include_router(openai_router(service, on_call=on_call))
 
-    @app.get("/health", summary="Whether the server takes requests", responses={503: {"model": ErrorResponse}})
+    @app.get("/health", summary="Whether the server takes requests, and what it has in flight",
+             responses={503: {"model": ErrorResponse}})
     async def health():
         if service.closing or not driver.running:
             raise errors.unavailable("the server is shutting down" if driver.failure is None else "the engine failed")
-        return {"status": "ok"}
+        a = service.admission
+        return {"status": "ok", "requests_in_flight": a.requests, "tokens_in_flight": a.tokens,
+                "body_bytes_in_flight": a.body, "engine_requests": driver.in_flight, "refused": a.refused}
 
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

@@ -13,9 +13,10 @@
 Requests join and leave the engine's batch at every step (continuous batching across
 connections). A training engine worker, which steps its engine itself, drives the same object
 from its own loop instead of a thread (`attach`, `pump`, `dispatch`): session traffic and
-training groups then share one engine and one batch. The engine's own queue is the only backpressure: past ``max_num_seqs`` running
-samples, new requests wait in it. Handlers never touch the engine, so a slow step never blocks
-the event loop, and the engine is only ever called from this thread.
+training groups then share one engine and one batch. Past ``max_num_seqs`` running samples, new
+requests wait in the engine's queue; the service bounds what it admits there (requests and
+tokens in flight, `tokenflow.serve.limits`). Handlers never touch the engine, so a slow step
+never blocks the event loop, and the engine is only ever called from this thread.
 """
 
 from __future__ import annotations
@@ -125,6 +126,16 @@ class EngineDriver:
         if running:
             self._commands.put(("abort", running, None))
 
+    def abort_all(self, reason: str = "the server is shutting down") -> None:
+        """Abort every request running for a client; their callers get `DriverClosed` (a stop
+        whose time is nearly up). Thread-safe; new requests are still taken."""
+        self._commands.put(("abort_all", reason, None))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests (prompts) running in the engine for clients."""
+        return len(self._live)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the engine thread; requests still running get `DriverClosed`. Attached: call it
         from the engine's thread (it aborts what is still running)."""
@@ -223,6 +234,10 @@ class EngineDriver:
                 if sub.request_id in self._live:
                     self._forget(sub)
                     self.engine.abort(sub.request_id)
+        elif kind == "abort_all":
+            for sub in list(self._live.values()):
+                self.engine.abort(sub.request_id)
+            self._fail_all(DriverClosed(subs))
 
     def _step(self) -> None:
         self._deliver_step(self.engine.step())

@@ -1,7 +1,8 @@
 """Errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, for every
 failure the server can answer: a bad body (400, never FastAPI's 422), a wrong API key (401), an
-unknown model or route (404), a wrong method (405), shutting down (503) and true bugs (500, with
-no internals: the traceback goes to the log)."""
+unknown model or route (404), a wrong method (405), a body over the limit (413), admission
+refused (429, with ``Retry-After``), shutting down (503) and true bugs (500, with no internals:
+the traceback goes to the log)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ class APIError(Exception):
     """An error the API answers with ``status`` and OpenAI's error body."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self, headers: dict | None = None) -> Response:
+        headers = {**(self.headers or {}), **(headers or {})} or None
         if self.status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
         # ASCII JSON: a message may quote what the client sent, lone surrogates included.
@@ -41,6 +44,21 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def unavailable(message: str) -> APIError:
     return APIError(503, message, type="service_unavailable", code="service_unavailable")
+
+
+def too_large(limit: int, *, close: bool = True) -> APIError:
+    """413; ``close``: the connection closes after it, and the rest of the body is never read."""
+    return APIError(413, f"The request body is larger than this server takes ({limit} bytes; "
+                         "serve.max_body_bytes).", code="request_too_large",
+                    headers={"Connection": "close"} if close else None)
+
+
+def rate_limited(message: str, kind: str, retry_after_s: int, *, close: bool = False) -> APIError:
+    """429 as OpenAI words a rate limit (type "requests" or "tokens"), with ``Retry-After``;
+    ``close``: the connection closes after it (a body left unread)."""
+    headers = {"Retry-After": str(retry_after_s), **({"Connection": "close"} if close else {})}
+    return APIError(429, f"{message} Please try again in {retry_after_s}s.", type=kind,
+                    code="rate_limit_exceeded", headers=headers)
 
 
 # pydantic error types -> OpenAI's codes

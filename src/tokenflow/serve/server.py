@@ -3,12 +3,16 @@ a background thread on a free loopback port (`BackgroundServer`: tests, benchmar
 runtime's sessions).
 
 A stop (SIGINT/SIGTERM in the foreground, leaving the ``with`` block in the background) first
-marks the service closing, so new calls get a 503 at once; calls in flight get up to
-``graceful_s`` to finish; then the engine thread stops.
+marks the service closing, so new calls get a 503 at once; calls in flight may finish until 80%
+of ``graceful_s`` (``serve.shutdown_timeout_s``) has passed, then get a 503 (a stream: an error
+event) and their engine work is aborted (`OpenAIService.drain`), so that every connection has
+closed before uvicorn's deadline and nothing is cancelled mid-call; the engine thread stops in
+the rest of the time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -26,22 +30,39 @@ class _Server(uvicorn.Server):
         mark_closing(self.config.app)
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets=None) -> None:
+        mark_closing(self.config.app)
+        service = _service(self.config.app)
+        timeout = self.config.timeout_graceful_shutdown
+        drain = None
+        if service is not None and timeout and hasattr(service, "drain"):
+            drain = asyncio.get_running_loop().call_later(0.8 * timeout, service.drain)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if drain is not None:
+                drain.cancel()
+
+
+def _service(app):
+    return getattr(getattr(app, "state", None), "service", None)
+
 
 def mark_closing(app) -> None:
-    service = getattr(getattr(app, "state", None), "service", None)
+    service = _service(app)
     if service is not None:
         service.closing = True
 
 
-def _config(app, *, log_level: str, access_log: bool, graceful_s: int, **kw) -> uvicorn.Config:
+def _config(app, *, log_level: str, access_log: bool, graceful_s: float, **kw) -> uvicorn.Config:
     # log_config=None: uvicorn's records go through the host's logging setup, not a second one.
     return uvicorn.Config(app, log_config=None, log_level=log_level, access_log=access_log,
                           timeout_graceful_shutdown=graceful_s, lifespan="on", **kw)
 
 
 def run(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info", access_log: bool = False,
-        graceful_s: int = 10) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM."""
+        graceful_s: float = 10.0) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM; the stop takes at most about ``graceful_s``."""
     _Server(_config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                     graceful_s=graceful_s)).run()
 
@@ -58,10 +79,14 @@ def loopback_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 class BackgroundServer:
     """``with BackgroundServer(app) as server: ... server.url ...``: the app served from a
-    thread on a free loopback port, started within ``startup_timeout_s`` and stopped on exit."""
+    thread on a free loopback port, started within ``startup_timeout_s`` and stopped on exit
+    (within ``graceful_s``; None: the service's ``shutdown_timeout_s``)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, startup_timeout_s: float = 60.0,
-                 graceful_s: int = 5, log_level: str = "warning") -> None:
+                 graceful_s: float | None = None, log_level: str = "warning") -> None:
+        if graceful_s is None:
+            config = getattr(_service(app), "config", None)
+            graceful_s = config.shutdown_timeout_s if config is not None else 5.0
         self.app = app
         self.host = host
         self.sock = loopback_socket(host, port)

@@ -5,30 +5,38 @@ non-streamed call waits for every sample's `Rollout`; a streamed one sends each 
 as the engine hands them out and completes them from the rollout. Either way the ids, behaviour
 log-probs and versions of the call reach ``on_call`` (a `CallHook`) as rollouts, which is how a
 training runtime can record agent traffic served here.
+
+Prompts are tokenized (and chat templates rendered) in a thread of their own, never on the event
+loop; a call's tokens (prompt + max_tokens x n) are admitted against the token budget before
+they reach the engine (`tokenflow.serve.limits`), and whatever ends a call (its answer, its
+client going away, a stop) aborts what it still runs in the engine and frees its tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from tokenflow.engine.base import TokenDelta
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.rollout import Rollout
 from tokenflow.serve.chat import ChatFormat, parse_output
+from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
 from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
+from tokenflow.serve.limits import Admission, EventStream, PromptBound, Ticket, Turns
 from tokenflow.serve.output import ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_logprobs
 from tokenflow.serve.protocol import (
     AssistantMessage,
@@ -81,6 +89,8 @@ class _Call:
     queue: asyncio.Queue
     subs: list
     choices: list[ChoiceOutput]
+    tokens: Ticket | None = field(default=None)
+    """Its share of the token budget, given back when the call ends."""
 
     def choice_of(self, request_id: str, sample_index: int) -> ChoiceOutput:
         p = next(i for i, s in enumerate(self.subs) if s.request_id == request_id)
@@ -100,17 +110,45 @@ class _Call:
 class OpenAIService:
     """The endpoints' behaviour, independent of routing (`tokenflow.serve.app` mounts it)."""
 
-    def __init__(self, driver: EngineDriver, model_name: str) -> None:
+    def __init__(self, driver: EngineDriver, model_name: str, config: ServeConfig | None = None) -> None:
         engine = driver.engine
         self.driver = driver
         self.model_name = model_name
+        self.config = config = config or ServeConfig()
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        max_num_seqs = getattr(getattr(engine, "config", None), "max_num_seqs", 256)
+        self.admission = Admission(config, max_num_seqs, self.max_model_len)
+        self.prompt_bound = PromptBound(config, self.max_model_len)
+        self.max_body_bytes = config.body_bytes(self.max_model_len)
         self.chat_format = ChatFormat(self.tokenizer)
         self.strings = TokenStrings(self.tokenizer)
         self.created = int(time.time())
         self.closing = False
         """Set when the server starts shutting down: new calls get a 503."""
+        self.turns = Turns()
+        """The event loop, in turns (`Turns`): a burst of work is spread over loop iterations."""
+        self._tokenizing: concurrent.futures.ThreadPoolExecutor | None = None
+        """The one thread that tokenizes prompts and renders chat templates (one tokenizer is not
+        called from two threads at once)."""
+
+    def close(self) -> None:
+        """Let the tokenizer thread go (the server has stopped)."""
+        if self._tokenizing is not None:
+            self._tokenizing.shutdown(wait=False, cancel_futures=True)
+            self._tokenizing = None
+
+    def drain(self, reason: str = "the server is shutting down") -> None:
+        """A stop's time is nearly up: every call still running gets a 503 (a stream: an error
+        event) and its engine work is aborted."""
+        self.closing = True
+        self.driver.abort_all(reason)
+
+    async def _off_loop(self, fn, *args):
+        """``fn(*args)`` in the tokenizer thread: the event loop keeps answering meanwhile."""
+        if self._tokenizing is None:
+            self._tokenizing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenflow-serve-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
 
     # -- models -------------------------------------------------------------------------------
 
@@ -142,19 +180,21 @@ class OpenAIService:
         _refuse_unsupported(body)
         if body.top_logprobs and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        prompt = self.chat_prompt(body, request)
+        prompt = await self._off_loop(self.chat_prompt, body, request)
         self._check_context([prompt], "messages")
         limit = min(x for x in (body.max_tokens, body.max_completion_tokens, 1 << 62) if x is not None)
         top_n = (body.top_logprobs or 0) if body.logprobs else 0
         params = [self.sampling(body, request, self._params(body, prompt, limit, self.chat_format.turn_end_ids, top_n))]
-        call = await self._start([prompt], params, body.stream)
+        call = await self._start([prompt], params, body.stream, "messages")
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         if body.stream:
             return self._sse(self._chat_stream(call, body, tools, top_n, request, on_call), call)
         try:
-            await self._wait(call)
+            if not await self._wait(call, request):
+                return Response(status_code=499)
         finally:
-            self._cancel(call)
+            self._end(call)
+        await self.turns.take()
         choices = []
         for c in call.choices:
             content, calls = (c.text.released, [])
@@ -216,18 +256,21 @@ class OpenAIService:
             raise bad_request("suffix is not supported", "suffix")
         if body.best_of is not None and body.best_of != body.n:
             raise bad_request("best_of is not supported (other than best_of == n)", "best_of")
-        prompts = self._prompt_ids(body.prompt)
+        text = isinstance(body.prompt, str) or (bool(body.prompt) and isinstance(body.prompt[0], str))
+        prompts = await self._off_loop(self._prompt_ids, body.prompt) if text else self._prompt_ids(body.prompt)
         self._check_context(prompts, "prompt")
         top_n = body.logprobs or 0
         params = [self.sampling(body, request, self._params(body, p, body.max_tokens or 1 << 62, (), top_n))
                   for p in prompts]
-        call = await self._start(prompts, params, body.stream)
+        call = await self._start(prompts, params, body.stream, "prompt")
         if body.stream:
             return self._sse(self._completion_stream(call, body, top_n, request, on_call), call)
         try:
-            await self._wait(call)
+            if not await self._wait(call, request):
+                return Response(status_code=499)
         finally:
-            self._cancel(call)
+            self._end(call)
+        await self.turns.take()
         choices = [CompletionChoice(
             index=c.index, text=c.text.released, finish_reason=c.finish_reason,
             logprobs=completion_logprobs(c, 0, top_n, self.strings) if body.logprobs is not None else None,
@@ -312,15 +355,23 @@ class OpenAIService:
             stop_token_ids=stop_ids, stop=tuple(stop), n=body.n, seed=body.seed,
             ignore_eos=body.ignore_eos, logprobs=top_n)
 
-    async def _start(self, prompts: list[list[int]], params: list[SamplingParams], stream: bool) -> _Call:
+    async def _start(self, prompts: list[list[int]], params: list[SamplingParams], stream: bool,
+                     param: str) -> _Call:
         n = params[0].n
-        call = _Call(prompts, n, asyncio.Queue(), [], [])
+        self._check_open()  # tokenizing took a while: the server may be stopping by now
+        cost = sum(len(p) + q.max_tokens * q.n for p, q in zip(prompts, params))
+        call = _Call(prompts, n, asyncio.Queue(), [], [], self.admission.reserve(cost, param))
         try:
             call.subs = await self.driver.submit(list(zip(prompts, params)), stream=stream, events=call.queue)
         except InvalidRequest as e:
+            self._end(call)
             raise bad_request(str(e)) from None
         except DriverClosed as e:
+            self._end(call)
             raise unavailable(str(e)) from None
+        except BaseException:
+            self._end(call)
+            raise
         # Built once the engine has accepted n (events wait in the queue meanwhile).
         call.choices = [ChoiceOutput(p * n + i, TextAssembler(self.tokenizer, params[p].stop))
                         for p in range(len(prompts)) for i in range(n)]
@@ -330,8 +381,11 @@ class OpenAIService:
         """(choice, first new token, newly released text, finished?) per engine event, until
         every sample has finished."""
         pending = len(call.choices)
+        stream = bool(call.subs) and call.subs[0].stream
         while pending:
             event = await call.queue.get()
+            if stream:
+                await self.turns.take()  # one stream's event a loop turn, when many come at once
             if isinstance(event, TokenDelta):
                 c = call.choice_of(event.request_id, event.sample_index)
                 start, text = c.add(event.token_ids, event.logprobs, event.top_logprobs)
@@ -349,19 +403,40 @@ class OpenAIService:
             else:
                 raise TypeError(f"unexpected engine event {event!r}")
 
-    async def _wait(self, call: _Call) -> None:
+    async def _drain(self, call: _Call) -> None:
         async for _ in self._progress(call):
             pass
 
-    def _cancel(self, call: _Call) -> None:
-        self.driver.cancel(call.subs)
+    async def _wait(self, call: _Call, request: Request) -> bool:
+        """Wait for every sample of a whole (non-streamed) call; False if its client went away
+        first (the caller's `_end` then aborts what the engine still runs for it)."""
+        done = asyncio.ensure_future(self._drain(call))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+            if done.done():
+                done.result()  # an error the call ended with
+                return True
+            return False
+        finally:
+            for task in (done, gone):
+                task.cancel()
 
-    def _sse(self, events: AsyncIterator[str], call: _Call) -> StreamingResponse:
+    def _end(self, call: _Call) -> None:
+        """The call is over: what it still runs in the engine stops, its tokens are free (idempotent)."""
+        self.driver.cancel(call.subs)
+        if call.tokens is not None:
+            call.tokens.release()
+
+    def _sse(self, events: AsyncIterator[str], call: _Call) -> EventStream:
         async def body() -> AsyncIterator[str]:
             try:
                 try:
                     async for event in events:
                         yield event
+                        # Let the loop run between events: a client gone is noticed before more is
+                        # written to it, and a burst of events does not hold up other requests.
+                        await asyncio.sleep(0)
                 except APIError as e:  # the status line is sent: the error goes in the stream
                     yield _event(e.body())
                 except Exception as e:  # noqa: BLE001 - a bug: logged, reported without internals
@@ -369,10 +444,20 @@ class OpenAIService:
                     yield _event(internal_error().body())
                 yield "data: [DONE]\n\n"
             finally:
-                self._cancel(call)  # a client that went away: its samples stop
+                self._end(call)  # a client that went away: its samples stop
 
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        stream = EventStream(body(), closing=lambda: self.closing, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        stream.on_close.append(lambda: self._end(call))  # also when body() never started
+        return stream
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client of ``request`` (whose body has been read) disconnects."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def _refuse_unsupported(body) -> None:

@@ -13,6 +13,10 @@ behaviour log-probs, policy versions). What differs from the plain server, and w
 * **The run samples.** Temperature, top-p and top-k are the run's (the trainer's corrections
   assume them), ``max_tokens`` is capped by the run's per-turn budget and the seed comes from
   the sample's, whatever the agent asks; ``n`` must be 1; any model name is the policy.
+
+Sessions are bounded (`ServeConfig`): at most ``max_sessions`` open (`open` raises
+`SessionLimitError` past it), ``max_calls_per_session`` calls each (a 400 past it), and a session
+idle for ``session_idle_s`` (no call running, none started) is closed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -29,7 +34,9 @@ from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.envs.bridge import BridgeError, ChatBridge
 from tokenflow.rollout import Rollout
 from tokenflow.serve.chat import parse_output, template_messages
+from tokenflow.serve.config import SESSION_DEFAULTS, ServeConfig
 from tokenflow.serve.errors import APIError, bad_request
+from tokenflow.serve.limits import EventStream
 from tokenflow.serve.service import OpenAIService, ServedCall
 
 log = logging.getLogger(__name__)
@@ -65,25 +72,60 @@ class Session:
     started: int = 0
     """Calls started (their seeds and order)."""
     closed: bool = False
+    begun: int = 0
+    """Calls accepted (the ``max_calls_per_session`` count)."""
+    running: int = 0
+    """Calls accepted and not finished."""
+    last_active: float = field(default_factory=time.monotonic)
+    """When a call last began or ended (or the session opened)."""
+
+
+class SessionLimitError(RuntimeError):
+    """``max_sessions`` sessions are open already."""
 
 
 class SessionService(OpenAIService):
     """`OpenAIService` for training sessions (see the module docstring). Sessions are opened
     and closed from the engine's thread; calls arrive on the server's event loop."""
 
-    def __init__(self, driver, model_name: str = "policy") -> None:
-        super().__init__(driver, model_name)
+    def __init__(self, driver, model_name: str = "policy", config: ServeConfig | None = None) -> None:
+        super().__init__(driver, model_name, config or SESSION_DEFAULTS)
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._bridges: dict[str, tuple[ChatBridge, bool]] = {}
+        self._next_sweep = 0.0
 
     # -- sessions ----------------------------------------------------------------------------
 
     def open(self, session_id: str, params: SamplingParams, seed: int) -> Session:
+        """A new session; raises `SessionLimitError` when ``max_sessions`` are open (after
+        closing the expired ones)."""
         s = Session(session_id, params, seed)
         with self._lock:
+            if len(self.sessions) >= self.config.max_sessions:
+                self._expire(time.monotonic())
+            if len(self.sessions) >= self.config.max_sessions:
+                raise SessionLimitError(f"{len(self.sessions)} sessions are open, the most this server keeps "
+                                        "(serve.max_sessions); close some first")
             self.sessions[session_id] = s
         return s
+
+    def expire(self) -> list[Session]:
+        """Close the sessions idle for ``session_idle_s`` (done on its own as calls arrive)."""
+        with self._lock:
+            return self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> list[Session]:
+        self._next_sweep = now + min(1.0, self.config.session_idle_s / 10)
+        idle = [s for s in self.sessions.values()
+                if s.running == 0 and now - s.last_active > self.config.session_idle_s]
+        for s in idle:
+            del self.sessions[s.id]
+            s.closed = True
+        if idle:
+            log.warning("sessions: closed %d session(s) idle for more than %gs (serve.session_idle_s)",
+                        len(idle), self.config.session_idle_s)
+        return idle
 
     def close(self, session_id: str) -> Session | None:
         """End a session: later calls get a 404, and calls still running are not recorded."""
@@ -95,6 +137,10 @@ class SessionService(OpenAIService):
 
     def session(self, request: Request) -> Session:
         sid = request.path_params.get("session_id", "")
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            with self._lock:
+                self._expire(now)
         s = self.sessions.get(sid)
         if s is None or s.closed:
             raise APIError(404, f"There is no open session `{sid}`: it has ended (its sample was scored or "
@@ -108,21 +154,48 @@ class SessionService(OpenAIService):
         """Any model name: a session serves the policy being trained, whatever the agent names."""
 
     async def chat(self, body, request: Request, on_call=None):
-        self._check_call(body, request)
-        return await super().chat(body, request, on_call or self.record)
+        s = self._check_call(body, request)
+        return await self._running(s, super().chat(body, request, on_call or self.record))
 
     async def completions(self, body, request: Request, on_call=None):
-        self._check_call(body, request)
-        return await super().completions(body, request, on_call or self.record)
+        s = self._check_call(body, request)
+        return await self._running(s, super().completions(body, request, on_call or self.record))
 
-    def _check_call(self, body, request: Request) -> None:
-        self.session(request)
+    async def _running(self, s: Session, call):
+        """The call's response; the session counts it as running until it ends (a stream: its
+        last event)."""
+        try:
+            response = await call
+        except BaseException:
+            self._call_ended(s)
+            raise
+        if isinstance(response, EventStream):
+            response.on_close.append(lambda: self._call_ended(s))
+        else:
+            self._call_ended(s)
+        return response
+
+    def _call_ended(self, s: Session) -> None:
+        with self._lock:
+            s.running -= 1
+            s.last_active = time.monotonic()
+
+    def _check_call(self, body, request: Request) -> Session:
+        s = self.session(request)
         if body.n != 1:
             raise bad_request("a training session samples one completion per call (n = 1); the run's "
                               "group_size sets how many samples each prompt gets", "n")
         prompt = getattr(body, "prompt", None)
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > 1:
             raise bad_request("a training session takes one prompt per call", "prompt")
+        with self._lock:
+            if s.begun >= self.config.max_calls_per_session:
+                raise bad_request(f"this session has made {s.begun} calls, the most one session may make "
+                                  "(serve.max_calls_per_session)", code="session_call_limit_exceeded")
+            s.begun += 1
+            s.running += 1
+            s.last_active = time.monotonic()
+        return s
 
     def chat_prompt(self, body, request: Request) -> list[int]:
         s = self.session(request)

@@ -1,0 +1,444 @@
+"""`tokenflow bench serve --abuse`: a real `tokenflow serve` under abuse, on loopback.
+
+The server runs as a subprocess with its default limits (`ServeConfig`) on the shipped model.
+For ``--duration`` seconds, all at once:
+
+* ``--clients`` (500) clients, one connection each, send completions one after another
+  (half streamed; a 429 waits its ``Retry-After``), at most ``--per-client`` requests each;
+* ``--oversized`` (50) bodies over the server's limit: half announce their length
+  (``Content-Length``, twice the limit, then send it), half are chunked and never end;
+* ``--disconnects`` (50) long calls whose client goes away mid-request (half whole calls,
+  closed after 20-200 ms, half streams, closed after their first event);
+
+while a separate process asks ``/health`` every 20 ms, from before the abuse starts until it has
+settled. The clients use raw asyncio streams (one small HTTP/1.1 client each), and the process
+raises its soft ``RLIMIT_NOFILE`` to what they need.
+
+Reported: ``/health`` latency p50/p99/max (goal: p99 < 100 ms), the server's peak RSS (the
+kernel's high-water mark, VmHWM) against the bound its limits give (`memory_bound`; goal:
+within it), the 5xx count (goal: 0), every status seen, what is still in flight once it settled
+(goal: nothing), the time to stop the server and the tracebacks in its log (goal: none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+PROBER = r"""
+import http.client, json, sys, time
+host, port, interval, duration = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+lat, at, failures, conn = [], [], 0, None
+end = time.monotonic() + duration
+while time.monotonic() < end:
+    t = time.perf_counter()
+    at.append(time.time())
+    try:
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        r.read()
+        failures += r.status != 200
+    except Exception:
+        failures += 1
+        conn = None
+    lat.append(time.perf_counter() - t)
+    time.sleep(max(0.0, interval - (time.perf_counter() - t)))
+print(json.dumps({"latencies": lat, "at": at, "failures": failures}))
+"""
+
+REQUEST_TIMEOUT_S = 60.0
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection: requests with a JSON body, whole answers."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Conn:
+        return cls(*await asyncio.open_connection(host, port))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def request(self, path: str, body: bytes) -> tuple[int, dict, bytes]:
+        self.writer.write(_head(path, {"Content-Length": str(len(body))}) + body)
+        await self.writer.drain()
+        return await _read_response(self.reader)
+
+
+def _head(path: str, headers: dict) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+             *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict]:
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
+    status = int(status_line.split()[1])
+    headers = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            return status, headers
+        key, _, value = line.decode("latin-1").partition(":")
+        headers[key.strip().lower()] = value.strip()
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict) -> bytes:
+    if "content-length" in headers:
+        return await reader.readexactly(int(headers["content-length"]))
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                await reader.readline()
+                return b"".join(parts)
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+    return await reader.read()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
+    status, headers = await _read_head(reader)
+    return status, headers, await _read_body(reader, headers)
+
+
+def _raise_nofile(needed: int) -> dict:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return {}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    return {"nofile_soft": soft}
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of ``pid``, in bytes (Linux)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class _Abuse:
+    def __init__(self, args, host: str, port: int, body_limit: int) -> None:
+        self.args, self.host, self.port, self.body_limit = args, host, port, body_limit
+        self.statuses: Counter = Counter()
+        self.events: Counter = Counter()
+        self.latencies: list[float] = []
+        self.rng = random.Random(args.seed)
+        self.deadline = 0.0
+
+    def _count(self, status: int) -> None:
+        self.statuses[str(status)] += 1
+
+    async def run(self) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self.deadline = start + self.args.duration
+        tasks = [self.client(k) for k in range(self.args.clients)]
+        tasks += [self.oversized(k) for k in range(self.args.oversized)]
+        tasks += [self.disconnect(k) for k in range(self.args.disconnects)]
+        await asyncio.gather(*tasks)
+        return loop.time() - start
+
+    def _later(self) -> float:
+        return self.rng.uniform(0.0, 0.8 * self.args.duration)
+
+    async def client(self, k: int) -> None:
+        loop = asyncio.get_running_loop()
+        conn = None
+        await asyncio.sleep(self.rng.uniform(0.0, 0.5))  # 500 connections, not all in one instant
+        for i in range(self.args.per_client):
+            if loop.time() >= self.deadline:
+                break
+            stream = (k + i) % 2 == 0
+            a, b = self.rng.randrange(10, 100), self.rng.randrange(10, 100)
+            body = json.dumps({"prompt": f"{a}+{b}=", "max_tokens": self.args.max_tokens, "temperature": 1.0,
+                               "ignore_eos": True, "stream": stream}).encode()
+            t = time.perf_counter()
+            try:
+                conn = conn or await _Conn.open(self.host, self.port)
+                status, headers, data = await asyncio.wait_for(conn.request("/v1/completions", body),
+                                                               REQUEST_TIMEOUT_S)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
+                self.events[f"client_error:{type(e).__name__}"] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                continue
+            self._count(status)
+            if status == 200:
+                if stream and (not data.rstrip().endswith(b"data: [DONE]") or b'"error"' in data):
+                    self.events["stream_error"] += 1
+                else:
+                    self.latencies.append(time.perf_counter() - t)
+            elif status == 429:
+                await asyncio.sleep(float(headers.get("retry-after", 1)) * self.rng.uniform(0.5, 1.5))
+            if headers.get("connection", "").lower() == "close":
+                conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    async def oversized(self, k: int) -> None:
+        """A body over the limit: announced (Content-Length, then sent) or chunked without end.
+        A 429 (every request slot taken) is retried after its Retry-After."""
+        await asyncio.sleep(self._later())
+        chunked = k % 2 == 1
+        kind = "chunked" if chunked else "declared"
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.deadline + 5.0:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError as e:
+                self.events[f"oversized_{kind}_error:{type(e).__name__}"] += 1
+                return
+            total = (8 if chunked else 2) * self.body_limit
+            headers = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(total)}
+
+            async def send() -> None:
+                piece = b" " * 65536
+                frame = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+                writer.write(_head("/v1/completions", headers))
+                sent = 0
+                while sent < total:
+                    writer.write(frame)
+                    await writer.drain()
+                    sent += len(piece)
+
+            sender = asyncio.ensure_future(send())
+            try:
+                status, answer = await asyncio.wait_for(_read_head(reader), REQUEST_TIMEOUT_S)
+            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
+                # chunked: the server closed the connection at the limit, and the reset came first
+                self.events[f"oversized_{kind}_error:{type(e).__name__}"] += 1
+                status, answer = None, {}
+            finally:
+                sender.cancel()
+                writer.close()
+            if status is None:
+                return
+            self._count(status)
+            if status == 413:
+                self.events[f"oversized_{kind}_413"] += 1
+                return
+            if status != 429:
+                self.events[f"oversized_{kind}_answered_{status}"] += 1
+                return
+            await asyncio.sleep(float(answer.get("retry-after", 1)))
+        self.events[f"oversized_{kind}_429_only"] += 1  # every try until the end found the slots taken
+
+    async def disconnect(self, k: int) -> None:
+        """A long call whose client goes away mid-request (a whole call after 20-200 ms, a
+        stream after its first event); retried while it gets a 429."""
+        await asyncio.sleep(self._later())
+        stream = k % 2 == 1
+        body = json.dumps({"prompt": "12+34=", "max_tokens": self.args.disconnect_tokens, "ignore_eos": True,
+                           "stream": stream}).encode()
+        loop = asyncio.get_running_loop()
+        while loop.time() < self.deadline + 5.0:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError as e:
+                self.events[f"disconnect_error:{type(e).__name__}"] += 1
+                return
+            try:
+                writer.write(_head("/v1/completions", {"Content-Length": str(len(body))}) + body)
+                await writer.drain()
+                wait = REQUEST_TIMEOUT_S if stream else self.rng.uniform(0.02, 0.2)
+                try:
+                    status, headers = await asyncio.wait_for(_read_head(reader), wait)
+                except asyncio.TimeoutError:
+                    self.events["disconnected_mid_request"] += 1  # a whole call, still running
+                    return
+                self._count(status)
+                if status == 429:
+                    await _read_body(reader, headers)
+                    await asyncio.sleep(float(headers.get("retry-after", 1)))
+                    continue
+                if status == 200 and stream:
+                    line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)  # the first chunk's size
+                    self.events["disconnected_mid_request" if line.strip() not in (b"", b"0") else "disconnect_late"] += 1
+                else:
+                    self.events[f"disconnect_answered_{status}"] += 1
+                return
+            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
+                self.events[f"disconnect_error:{type(e).__name__}"] += 1
+                return
+            finally:
+                writer.close()
+        self.events["disconnect_refused_429_only"] += 1  # every try found the request slots taken
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(1000 * x, 2)
+
+
+def _mib(x: int | None) -> float | None:
+    return None if x is None else round(x / 2**20, 1)
+
+
+def _get_json(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url, timeout=10).json()
+
+
+def run(args) -> int:
+    from tokenflow.bench.serve import _free_port, _wait_healthy
+    from tokenflow.engine.config import EngineConfig
+    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.serve.config import ServeConfig
+    from tokenflow.serve.memory import memory_bound
+
+    clients = 500 if args.clients is None else args.clients
+    args.clients = clients
+    if min(clients, args.per_client, args.duration) <= 0 or min(args.oversized, args.disconnects) < 0:
+        print("error: --clients, --per-client and --duration must be > 0", file=sys.stderr)
+        return 2
+    nofile = _raise_nofile(clients + args.oversized + args.disconnects + 256)
+    host, port = "127.0.0.1", _free_port()
+    url = f"http://{host}:{port}"
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenflow-bench-abuse-{os.getpid()}.log"
+    log = open(log_path, "w+")
+    cmd = [sys.executable, "-m", "tokenflow.cli.main", "serve", args.model, "--host", host, "--port", str(port),
+           "--threads", str(args.threads), "--engine.device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    result: dict = {}
+    try:
+        _wait_healthy(url, proc, log)
+        card = _get_json(url + "/v1/models")["data"][0]
+        max_model_len = card["max_model_len"]
+        config = ServeConfig()  # the server's: its defaults
+        body_limit = config.body_bytes(max_model_len)
+        import httpx
+
+        for _ in range(4):  # warm-up: lazy initialisation on both paths
+            httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 4}, timeout=60)
+            httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 4, "stream": True}, timeout=60)
+        base = _proc_status(proc.pid).get("VmRSS", 0)
+        settle_s = 10.0
+        prober = subprocess.Popen([sys.executable, "-c", PROBER, host, str(port), "0.02",
+                                   str(args.duration + settle_s + 1.0)], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # the prober is measuring before the abuse starts
+        abuse = _Abuse(args, host, port, body_limit)
+        rss_samples: list[int] = []
+
+        async def main() -> float:
+            async def sample() -> None:
+                while True:
+                    rss_samples.append(_proc_status(proc.pid).get("VmRSS", 0))
+                    await asyncio.sleep(0.1)
+
+            sampler = asyncio.ensure_future(sample())
+            try:
+                return await abuse.run()
+            finally:
+                sampler.cancel()
+
+        abuse_start = time.time()
+        abuse_s = asyncio.run(main())
+        # settle: everything given back, the engine empty
+        settled, health = None, {}
+        start = time.monotonic()
+        while time.monotonic() - start < settle_s:
+            health = _get_json(url + "/health")
+            if not (health["requests_in_flight"] or health["engine_requests"] or health["tokens_in_flight"]
+                    or health["body_bytes_in_flight"]):
+                settled = round(time.monotonic() - start, 3)
+                break
+            time.sleep(0.1)
+        t = time.perf_counter()
+        after = httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 16}, timeout=60)
+        after_s = time.perf_counter() - t
+        probe = json.loads(prober.communicate(timeout=args.duration + settle_s + 60)[0])
+        status = _proc_status(proc.pid)
+        peak = max([status.get("VmHWM", 0), *rss_samples])
+        t = time.monotonic()
+        proc.terminate()
+        proc.wait(60)
+        shutdown_s = time.monotonic() - t
+        log.seek(0)
+        server_log = log.read()
+        hf_config = json.loads((Path(resolve_model_path(args.model)) / "config.json").read_text())
+        connections = clients + args.oversized + args.disconnects + 1
+        engine = EngineConfig()  # the server's engine settings: the defaults (on the CPU: float32)
+        bound = memory_bound(config, base_bytes=base, connections=connections, max_model_len=max_model_len,
+                             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                             hf_config=hf_config, dtype_bytes=4)
+        lat = probe["latencies"]
+        five_xx = sum(n for s, n in abuse.statuses.items() if s.startswith("5"))
+        result = {
+            "mode": "abuse", "model": args.model, "duration_s": args.duration, "abuse_s": round(abuse_s, 2),
+            "clients": clients, "per_client": args.per_client, "oversized": args.oversized,
+            "disconnects": args.disconnects, "max_tokens": args.max_tokens,
+            "limits": {"max_body_bytes": body_limit, "max_body_bytes_in_flight": config.body_bytes_in_flight(max_model_len),
+                       "max_requests": config.max_requests,
+                       "max_tokens_in_flight": config.tokens_in_flight(EngineConfig().max_num_seqs, max_model_len),
+                       "prompt_chars": config.prompt_chars(max_model_len), "max_choices": config.max_choices},
+            "requests": sum(abuse.statuses.values()), "statuses": dict(sorted(abuse.statuses.items())),
+            "events": dict(sorted(abuse.events.items())),
+            "ok_latency_p50_s": _pct(abuse.latencies, 50), "ok_latency_p99_s": _pct(abuse.latencies, 99),
+            "five_xx": five_xx,
+            "health_probes": len(lat), "health_failures": probe["failures"],
+            "health_p50_ms": _ms(_pct(lat, 50)), "health_p99_ms": _ms(_pct(lat, 99)), "health_max_ms": _ms(max(lat)),
+            "health_worst_ms_at_s": [[_ms(x), round(a - abuse_start, 2)]
+                                     for x, a in sorted(zip(lat, probe["at"]), reverse=True)[:8]],
+            "rss_base_mib": _mib(base), "rss_peak_mib": _mib(peak), "rss_bound_mib": _mib(bound["total"]),
+            "rss_bound_terms_mib": {k: _mib(v) for k, v in bound.items() if k != "total"},
+            "settled_s": settled, "in_flight_after": {k: v for k, v in health.items() if k != "status"},
+            "after_request_status": after.status_code, "after_request_s": round(after_s, 3),
+            "shutdown_s": round(shutdown_s, 2), "log_tracebacks": server_log.count("Traceback"),
+            **nofile,
+            "load_average": round(os.getloadavg()[0], 2),
+        }
+        result["goals"] = {
+            "health_p99_under_100ms": result["health_p99_ms"] is not None and result["health_p99_ms"] < 100,
+            "rss_within_bound": bound["total"] is None or peak <= bound["total"],
+            "no_5xx": five_xx == 0 and probe["failures"] == 0,
+            "nothing_left_in_flight": settled is not None,
+            "clean_stop": result["log_tracebacks"] == 0 and shutdown_s < config.shutdown_timeout_s + 5,
+        }
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        log_path.unlink(missing_ok=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>24}: {value}")
+    return 0 if all(result["goals"].values()) else 1
