@@ -130,7 +130,7 @@ def test_loading_the_shipped_model_imports_no_transformers_config_class():
     """What the fork server's preload leaves out (`tokenflow.runtime.backends.local.preload`), the engine must
     not import on its way to the first token."""
     code = ("import sys\n"
-            "from tokenflow.runtime.launch import resolve_model_path\n"
+            "from tokenflow.model_store import resolve_model_path\n"
             "from tokenflow.engine import Engine, EngineConfig\n"
             "Engine(resolve_model_path('default'), EngineConfig(device='cpu', threads=1))\n"
             "print(sorted(m for m in ('transformers.activations', 'transformers.models.llama.configuration_llama',"

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tokenflow.bench.serve import _free_port
+from tokenflow.bench.serve_process import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,7 +25,7 @@ def _tokenflow(*args: str, **kw) -> subprocess.Popen:
 
 
 def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
-    port = _free_port()
+    port = free_port()
     proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--model-name", "tiny",
                       env={"TOKENFLOW_API_KEY": "sk-env"})
     url = f"http://127.0.0.1:{port}"
@@ -64,7 +64,7 @@ def test_serve_stops_within_its_timeout_with_calls_in_flight_and_logs_no_error()
     log has no traceback and no error (no task cancelled by uvicorn's deadline)."""
     import asyncio
 
-    port = _free_port()
+    port = free_port()
     proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--engine.device", "cpu",
                       "--serve.shutdown_timeout_s", "3")
     url = f"http://127.0.0.1:{port}"

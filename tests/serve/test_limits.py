@@ -373,7 +373,7 @@ def test_sessions_are_bounded_in_number_calls_and_idle_time():
 
     from tokenflow.engine import EngineConfig, SamplingParams
     from tokenflow.engine.factory import make_engine
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
     from tokenflow.serve import errors
     from tokenflow.serve.app import openai_router
     from tokenflow.serve.driver import EngineDriver

@@ -22,11 +22,10 @@ import contextlib
 import json
 import logging
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
+
+from tokenflow.bench.serve_process import subprocess_server
 
 logger = logging.getLogger(__name__)
 
@@ -54,50 +53,6 @@ def register(subparsers) -> None:
     abuse.add_argument("--disconnects", type=int, default=50, help="clients that go away mid-request")
     abuse.add_argument("--disconnect-tokens", type=int, default=240, help="max_tokens of a call that is left")
     p.set_defaults(func=run)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _subprocess_server(args):
-    port = _free_port()
-    log = tempfile.TemporaryFile(mode="w+")
-    cmd = [sys.executable, "-m", "tokenflow.cli.main", "serve", args.model, "--port", str(port),
-           "--threads", str(args.threads), "--engine.device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _wait_healthy(url: str, proc, log, timeout_s: float = 180.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"error: the server exited with {proc.returncode}:\n{log.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"error: the server did not answer /health within {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager
@@ -205,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --clients, --requests and --max-tokens must be >= 1", file=sys.stderr)
         return 2
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the result
-    server = _in_process_server(args) if args.in_process else _subprocess_server(args)
+    server = _in_process_server(args) if args.in_process else subprocess_server(args)
     with server as base:
         logger.info("bench serve: %d requests from %d clients against %s", args.requests, args.clients, base)
         results, seconds = asyncio.run(_drive(args, base))

@@ -32,8 +32,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from tokenflow.bench.serve_process import Conn, free_port, read_body, read_head, request_head, wait_healthy
+
 PROBER = r"""
 import http.client, json, sys, time
+
 host, port, interval, duration = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 lat, at, failures, conn = [], [], 0, None
 end = time.monotonic() + duration
@@ -56,65 +59,6 @@ print(json.dumps({"latencies": lat, "at": at, "failures": failures}))
 """
 
 REQUEST_TIMEOUT_S = 60.0
-
-
-class _Conn:
-    """One keep-alive HTTP/1.1 connection: requests with a JSON body, whole answers."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> _Conn:
-        return cls(*await asyncio.open_connection(host, port))
-
-    def close(self) -> None:
-        self.writer.close()
-
-    async def request(self, path: str, body: bytes) -> tuple[int, dict, bytes]:
-        self.writer.write(_head(path, {"Content-Length": str(len(body))}) + body)
-        await self.writer.drain()
-        return await _read_response(self.reader)
-
-
-def _head(path: str, headers: dict) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
-             *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict]:
-    status_line = await reader.readline()
-    if not status_line:
-        raise ConnectionError("the server closed the connection")
-    status = int(status_line.split()[1])
-    headers = {}
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            return status, headers
-        key, _, value = line.decode("latin-1").partition(":")
-        headers[key.strip().lower()] = value.strip()
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict) -> bytes:
-    if "content-length" in headers:
-        return await reader.readexactly(int(headers["content-length"]))
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        parts = []
-        while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                await reader.readline()
-                return b"".join(parts)
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-    return await reader.read()
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
-    status, headers = await _read_head(reader)
-    return status, headers, await _read_body(reader, headers)
 
 
 def _raise_nofile(needed: int) -> dict:
@@ -181,7 +125,7 @@ class _Abuse:
                                "ignore_eos": True, "stream": stream}).encode()
             t = time.perf_counter()
             try:
-                conn = conn or await _Conn.open(self.host, self.port)
+                conn = conn or await Conn.open(self.host, self.port)
                 status, headers, data = await asyncio.wait_for(conn.request("/v1/completions", body),
                                                                REQUEST_TIMEOUT_S)
             except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
@@ -223,7 +167,7 @@ class _Abuse:
             async def send() -> None:
                 piece = b" " * 65536
                 frame = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
-                writer.write(_head("/v1/completions", headers))
+                writer.write(request_head("/v1/completions", headers))
                 sent = 0
                 while sent < total:
                     writer.write(frame)
@@ -232,7 +176,7 @@ class _Abuse:
 
             sender = asyncio.ensure_future(send())
             try:
-                status, answer = await asyncio.wait_for(_read_head(reader), REQUEST_TIMEOUT_S)
+                status, answer = await asyncio.wait_for(read_head(reader), REQUEST_TIMEOUT_S)
             except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
                 # chunked: the server closed the connection at the limit, and the reset came first
                 self.events[f"oversized_{kind}_error:{type(e).__name__}"] += 1
@@ -267,17 +211,17 @@ class _Abuse:
                 self.events[f"disconnect_error:{type(e).__name__}"] += 1
                 return
             try:
-                writer.write(_head("/v1/completions", {"Content-Length": str(len(body))}) + body)
+                writer.write(request_head("/v1/completions", {"Content-Length": str(len(body))}) + body)
                 await writer.drain()
                 wait = REQUEST_TIMEOUT_S if stream else self.rng.uniform(0.02, 0.2)
                 try:
-                    status, headers = await asyncio.wait_for(_read_head(reader), wait)
+                    status, headers = await asyncio.wait_for(read_head(reader), wait)
                 except asyncio.TimeoutError:
                     self.events["disconnected_mid_request"] += 1  # a whole call, still running
                     return
                 self._count(status)
                 if status == 429:
-                    await _read_body(reader, headers)
+                    await read_body(reader, headers)
                     await asyncio.sleep(float(headers.get("retry-after", 1)))
                     continue
                 if status == 200 and stream:
@@ -316,9 +260,8 @@ def _get_json(url: str) -> dict:
 
 
 def run(args) -> int:
-    from tokenflow.bench.serve import _free_port, _wait_healthy
     from tokenflow.engine.config import EngineConfig
-    from tokenflow.runtime.launch import resolve_model_path
+    from tokenflow.model_store import resolve_model_path
     from tokenflow.serve.config import ServeConfig
     from tokenflow.serve.memory import memory_bound
 
@@ -328,7 +271,7 @@ def run(args) -> int:
         print("error: --clients, --per-client and --duration must be > 0", file=sys.stderr)
         return 2
     nofile = _raise_nofile(clients + args.oversized + args.disconnects + 256)
-    host, port = "127.0.0.1", _free_port()
+    host, port = "127.0.0.1", free_port()
     url = f"http://{host}:{port}"
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenflow-bench-abuse-{os.getpid()}.log"
     log = open(log_path, "w+")
@@ -337,7 +280,7 @@ def run(args) -> int:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     result: dict = {}
     try:
-        _wait_healthy(url, proc, log)
+        wait_healthy(url, proc, log)
         card = _get_json(url + "/v1/models")["data"][0]
         max_model_len = card["max_model_len"]
         config = ServeConfig()  # the server's: its defaults

@@ -16,14 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
-import json
 import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -32,11 +27,14 @@ from tokenflow.engine.base import TokenDelta
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.rollout import Rollout
+from tokenflow.serve.calls import (  # noqa: F401 - CallHook, ServedCall: re-exported, as before
+    Call, CallHook, ServedCall, disconnected, new_id, notify, refuse_unsupported, sse_event, sse_stream,
+)
 from tokenflow.serve.chat import ChatFormat, parse_output
 from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
 from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
-from tokenflow.serve.limits import Admission, EventStream, PromptBound, Ticket, Turns
+from tokenflow.serve.limits import Admission, EventStream, PromptBound, Turns
 from tokenflow.serve.output import ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_logprobs
 from tokenflow.serve.protocol import (
     AssistantMessage,
@@ -54,57 +52,9 @@ from tokenflow.serve.protocol import (
     ModelCard,
     ModelList,
     ToolCallDelta,
-    Usage,
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServedCall:
-    """One finished call, as a `CallHook` sees it."""
-
-    endpoint: Literal["chat.completions", "completions"]
-    request: ChatCompletionRequest | CompletionRequest
-    prompt_ids: list[list[int]]
-    """One list per prompt (a chat call has one)."""
-    rollouts: list[list[Rollout]]
-    """Per prompt, its n samples by sample index: completion ids, behaviour log-probs,
-    versions (the policy version of each token), finish reasons."""
-    response: dict | None
-    """The body returned (None for a streamed call)."""
-
-
-CallHook = Callable[[Request, ServedCall], Awaitable[None] | None]
-"""Called with the HTTP request (its path parameters, headers) once a call has finished,
-before its response (or a stream's ``[DONE]``) is sent."""
-
-
-@dataclass
-class _Call:
-    """What one call is running: its prompts, their submissions and choices."""
-
-    prompts: list[list[int]]
-    n: int
-    queue: asyncio.Queue
-    subs: list
-    choices: list[ChoiceOutput]
-    tokens: Ticket | None = field(default=None)
-    """Its share of the token budget, given back when the call ends."""
-
-    def choice_of(self, request_id: str, sample_index: int) -> ChoiceOutput:
-        p = next(i for i, s in enumerate(self.subs) if s.request_id == request_id)
-        return self.choices[p * self.n + sample_index]
-
-    @property
-    def rollouts(self) -> list[list[Rollout]]:
-        return [[c.rollout for c in self.choices[p * self.n:(p + 1) * self.n]] for p in range(len(self.prompts))]
-
-    @property
-    def usage(self) -> Usage:
-        prompt = sum(len(p) for p in self.prompts)
-        completion = sum(len(c.ids) for c in self.choices)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 class OpenAIService:
@@ -177,7 +127,7 @@ class OpenAIService:
     async def chat(self, body: ChatCompletionRequest, request: Request, on_call: CallHook | None = None):
         self._check_open()
         self._check_model(body.model)
-        _refuse_unsupported(body)
+        refuse_unsupported(body)
         if body.top_logprobs and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         prompt = await self._off_loop(self.chat_prompt, body, request)
@@ -205,18 +155,18 @@ class OpenAIService:
                 finish_reason="tool_calls" if calls else c.finish_reason,
                 logprobs=ChoiceLogprobs(content=chat_logprobs(c, 0, top_n, self.strings)) if body.logprobs else None,
                 token_ids=c.ids if body.return_token_ids else None))
-        result = ChatCompletion(id=_id("chatcmpl"), created=int(time.time()), model=self.model_name,
+        result = ChatCompletion(id=new_id("chatcmpl"), created=int(time.time()), model=self.model_name,
                                 choices=choices, usage=call.usage,
                                 prompt_token_ids=prompt if body.return_token_ids else None).model_dump(mode="json")
-        await _notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, result))
+        await notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, result))
         return JSONResponse(result)
 
-    async def _chat_stream(self, call: _Call, body: ChatCompletionRequest, tools, top_n: int,
+    async def _chat_stream(self, call: Call, body: ChatCompletionRequest, tools, top_n: int,
                            request: Request, on_call: CallHook | None) -> AsyncIterator[str]:
-        cid, created = _id("chatcmpl"), int(time.time())
+        cid, created = new_id("chatcmpl"), int(time.time())
 
         def chunk(choices, **extra) -> str:
-            return _event(ChatCompletionChunk(id=cid, created=created, model=self.model_name, choices=choices,
+            return sse_event(ChatCompletionChunk(id=cid, created=created, model=self.model_name, choices=choices,
                                               **extra).model_dump(mode="json"))
 
         yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=""))
@@ -242,14 +192,14 @@ class OpenAIService:
             yield chunk([ChatChunkChoice(index=c.index, delta=ChatDelta(), finish_reason=reason)])
         if body.stream_options is not None and body.stream_options.include_usage:
             yield chunk([], usage=call.usage)
-        await _notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, None))
+        await notify(on_call, request, ServedCall("chat.completions", body, call.prompts, call.rollouts, None))
 
     # -- completions --------------------------------------------------------------------------
 
     async def completions(self, body: CompletionRequest, request: Request, on_call: CallHook | None = None):
         self._check_open()
         self._check_model(body.model)
-        _refuse_unsupported(body)
+        refuse_unsupported(body)
         if body.echo:
             raise bad_request("echo is not supported", "echo")
         if body.suffix:
@@ -276,17 +226,17 @@ class OpenAIService:
             logprobs=completion_logprobs(c, 0, top_n, self.strings) if body.logprobs is not None else None,
             prompt_token_ids=call.prompts[c.index // call.n] if body.return_token_ids else None,
             token_ids=c.ids if body.return_token_ids else None) for c in call.choices]
-        result = Completion(id=_id("cmpl"), created=int(time.time()), model=self.model_name, choices=choices,
+        result = Completion(id=new_id("cmpl"), created=int(time.time()), model=self.model_name, choices=choices,
                             usage=call.usage).model_dump(mode="json")
-        await _notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, result))
+        await notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, result))
         return JSONResponse(result)
 
-    async def _completion_stream(self, call: _Call, body: CompletionRequest, top_n: int, request: Request,
+    async def _completion_stream(self, call: Call, body: CompletionRequest, top_n: int, request: Request,
                                  on_call: CallHook | None) -> AsyncIterator[str]:
-        cid, created = _id("cmpl"), int(time.time())
+        cid, created = new_id("cmpl"), int(time.time())
 
         def chunk(choices, usage=None) -> str:
-            return _event(Completion(id=cid, created=created, model=self.model_name, choices=choices,
+            return sse_event(Completion(id=cid, created=created, model=self.model_name, choices=choices,
                                      usage=usage).model_dump(mode="json"))
 
         async for c, start, text, done in self._progress(call):
@@ -300,7 +250,7 @@ class OpenAIService:
                 token_ids=c.ids[start:] if body.return_token_ids else None)])
         if body.stream_options is not None and body.stream_options.include_usage:
             yield chunk([], usage=call.usage)
-        await _notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, None))
+        await notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, None))
 
     def _prompt_ids(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -356,11 +306,11 @@ class OpenAIService:
             ignore_eos=body.ignore_eos, logprobs=top_n)
 
     async def _start(self, prompts: list[list[int]], params: list[SamplingParams], stream: bool,
-                     param: str) -> _Call:
+                     param: str) -> Call:
         n = params[0].n
         self._check_open()  # tokenizing took a while: the server may be stopping by now
         cost = sum(len(p) + q.max_tokens * q.n for p, q in zip(prompts, params))
-        call = _Call(prompts, n, asyncio.Queue(), [], [], self.admission.reserve(cost, param))
+        call = Call(prompts, n, asyncio.Queue(), [], [], self.admission.reserve(cost, param))
         try:
             call.subs = await self.driver.submit(list(zip(prompts, params)), stream=stream, events=call.queue)
         except InvalidRequest as e:
@@ -377,7 +327,7 @@ class OpenAIService:
                         for p in range(len(prompts)) for i in range(n)]
         return call
 
-    async def _progress(self, call: _Call) -> AsyncIterator[tuple[ChoiceOutput, int, str, bool]]:
+    async def _progress(self, call: Call) -> AsyncIterator[tuple[ChoiceOutput, int, str, bool]]:
         """(choice, first new token, newly released text, finished?) per engine event, until
         every sample has finished."""
         pending = len(call.choices)
@@ -403,15 +353,15 @@ class OpenAIService:
             else:
                 raise TypeError(f"unexpected engine event {event!r}")
 
-    async def _drain(self, call: _Call) -> None:
+    async def _drain(self, call: Call) -> None:
         async for _ in self._progress(call):
             pass
 
-    async def _wait(self, call: _Call, request: Request) -> bool:
+    async def _wait(self, call: Call, request: Request) -> bool:
         """Wait for every sample of a whole (non-streamed) call; False if its client went away
         first (the caller's `_end` then aborts what the engine still runs for it)."""
         done = asyncio.ensure_future(self._drain(call))
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
             if done.done():
@@ -422,63 +372,11 @@ class OpenAIService:
             for task in (done, gone):
                 task.cancel()
 
-    def _end(self, call: _Call) -> None:
+    def _end(self, call: Call) -> None:
         """The call is over: what it still runs in the engine stops, its tokens are free (idempotent)."""
         self.driver.cancel(call.subs)
         if call.tokens is not None:
             call.tokens.release()
 
-    def _sse(self, events: AsyncIterator[str], call: _Call) -> EventStream:
-        async def body() -> AsyncIterator[str]:
-            try:
-                try:
-                    async for event in events:
-                        yield event
-                        # Let the loop run between events: a client gone is noticed before more is
-                        # written to it, and a burst of events does not hold up other requests.
-                        await asyncio.sleep(0)
-                except APIError as e:  # the status line is sent: the error goes in the stream
-                    yield _event(e.body())
-                except Exception as e:  # noqa: BLE001 - a bug: logged, reported without internals
-                    logger.error("serve: a stream failed", exc_info=e)
-                    yield _event(internal_error().body())
-                yield "data: [DONE]\n\n"
-            finally:
-                self._end(call)  # a client that went away: its samples stop
-
-        stream = EventStream(body(), closing=lambda: self.closing, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        stream.on_close.append(lambda: self._end(call))  # also when body() never started
-        return stream
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client of ``request`` (whose body has been read) disconnects."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def _refuse_unsupported(body) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise bad_request(f"{name} is not supported (only 0)", name)
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", "logit_bias")
-
-
-async def _notify(on_call: CallHook | None, request: Request, call: ServedCall) -> None:
-    if on_call is None:
-        return
-    result = on_call(request, call)
-    if inspect.isawaitable(result):
-        await result
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    def _sse(self, events: AsyncIterator[str], call: Call) -> EventStream:
+        return sse_stream(events, lambda: self._end(call), lambda: self.closing)
