@@ -19,7 +19,8 @@ def register(subparsers) -> None:
                     "config (a run or checkpoint folder) or the defaults, then --engine.KEY VALUE overrides "
                     "(e.g. --engine.backend vllm).")
     p.add_argument("model", metavar="MODEL_OR_RUN",
-                   help='model / checkpoint / run folder, or a shipped model: "default", "default-tool", "default-moe"')
+                   help='model / checkpoint / run folder, or a model name: "default", "default-tool", "default-moe", '
+                        '"smollm2-135m-instruct"')
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one)")
     p.add_argument("--api-key", default=None,
