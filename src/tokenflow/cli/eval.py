@@ -119,7 +119,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine.factory import make_engine
-    from tokenflow.evaluation import accuracy_of
+    from tokenflow.evaluation import accuracy_of, prompt_encoder
     from tokenflow.tasks import build_task
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
@@ -131,7 +131,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         acc = episode_accuracy(engine, task, cfg, limit)
     else:
         acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
-                          engine.tokenizer, task, limit)
+                          engine.tokenizer, task, limit, encode=prompt_encoder(engine.tokenizer, cfg.task))
     scored = getattr(task, "eval_source", f"{task.name} held-out split")
     if args.json:
         print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n, "accuracy": acc}))
