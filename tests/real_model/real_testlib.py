@@ -64,14 +64,24 @@ class CalculatorFirstTurnCalls(CalculatorEnv):
     max_turns = 3
 
     def reset(self, example: dict):
-        self._turn = 0
+        self._parsed = self._stepped = 0
         self._example = example
-        return super().reset(example)
+        messages, tools = super().reset(example)
+        # a short first answer (the model rambles on a bare "86*67+31")
+        messages[0]["content"] = f"What is {example['a']} times {example['b']}? Answer in one short sentence."
+        return messages, tools
 
-    def parse(self, assistant_message: dict) -> dict:
-        self._turn += 1
-        if self._turn > 1:
-            return super().parse(assistant_message)
+    def _with_call(self, message: dict) -> dict:
         call = {"id": "call00000", "type": "function",
                 "function": {"name": "mul", "arguments": {"a": self._example["a"], "b": self._example["b"]}}}
-        return {"role": "assistant", "content": assistant_message.get("content") or "", "tool_calls": [call]}
+        return {"role": "assistant", "content": message.get("content") or "", "tool_calls": [call]}
+
+    def parse(self, assistant_message: dict) -> dict:  # what the episode records
+        self._parsed += 1
+        return self._with_call(assistant_message) if self._parsed == 1 else super().parse(assistant_message)
+
+    async def step(self, assistant_message: dict):  # what it answers
+        self._stepped += 1
+        if self._stepped == 1:
+            assistant_message = self._with_call(assistant_message)
+        return await super().step(assistant_message)
