@@ -117,14 +117,17 @@ def test_two_builders_build_once_and_the_folder_appears_whole(monkeypatch, tmp_p
     monkeypatch.setenv("TOKENFLOW_CACHE", str(tmp_path))
     calls: list = []
     _fake_build(monkeypatch, calls)
-    seen, results = [], []
+    seen, results, stop = [], [], threading.Event()
 
     def watch():  # the final folder is never there without its manifest
-        while not results:
+        while True:
+            done = stop.is_set()
             p = built_model_path(NAME)
             if p.exists():
                 seen.append((p / MANIFEST).is_file())
-            time.sleep(0.01)
+            if done:
+                return
+            time.sleep(0.005)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -133,6 +136,7 @@ def test_two_builders_build_once_and_the_folder_appears_whole(monkeypatch, tmp_p
         b.start()
     for b in builders:
         b.join()
+    stop.set()
     watcher.join()
     assert len(calls) == 1 and results == [built_model_path(NAME)] * 2
     assert seen and all(seen)
