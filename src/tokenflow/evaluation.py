@@ -6,6 +6,7 @@ Accuracy is the fraction of eval prompts whose greedy completion gets reward ≥
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, Sequence
 
 from tokenflow.tasks.base import Prompt, Task
@@ -20,6 +21,31 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def chat_prompt_ids(tokenizer, text: str, system_prompt: str | None = None) -> list[int]:
+    """``text`` as one user message (after ``system_prompt``, if any) in the tokenizer's chat
+    template, with the generation prompt: the ids the model's answer follows."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": text})
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    # transformers 5 returns a BatchEncoding unless return_dict=False (and some tokenizers still
+    # do); older ones a list, or a batch of one.
+    if isinstance(out, Mapping):
+        out = out["input_ids"]
+    if len(out) and isinstance(out[0], (list, tuple)):
+        out = out[0]
+    return [int(t) for t in out]
+
+
+def prompt_encoder(tokenizer, task_config=None) -> Callable[[str], list[int]]:
+    """How a task's prompt texts become token ids, for training, held-out evaluation, the
+    synchronous loop, preflight and ``tokenflow eval`` alike: through the chat template when
+    ``task.chat_template`` is on (with ``task.system_prompt``), else `encode_prompt`."""
+    if task_config is not None and getattr(task_config, "chat_template", False):
+        system = getattr(task_config, "system_prompt", None)
+        return lambda text: chat_prompt_ids(tokenizer, text, system)
+    return lambda text: encode_prompt(tokenizer, text)
+
+
 def score_completions(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
     out = []
     for p, c in zip(prompts, completions):
@@ -29,9 +55,11 @@ def score_completions(task: Task, prompts: Sequence[Prompt], completions: Sequen
 
 
 def accuracy_of(generate: Callable[[list[list[int]]], list[str]], tokenizer, task: Task,
-                limit: int | None = None) -> float:
+                limit: int | None = None, encode: Callable[[str], list[int]] | None = None) -> float:
+    """``encode``: a `prompt_encoder` (default: the tokenizer's plain `encode_prompt`)."""
+    encode = encode or prompt_encoder(tokenizer)
     prompts = task.eval_prompts()[:limit]
-    completions = generate([encode_prompt(tokenizer, p.text) for p in prompts])
+    completions = generate([encode(p.text) for p in prompts])
     rewards = score_completions(task, prompts, completions)
     return sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
 

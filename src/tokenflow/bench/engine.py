@@ -90,12 +90,13 @@ def _load_model(args):
     if args.model is None:
         return _tiny_moe(args.seed) if args.moe else _tiny_llama(args.seed)
     path = args.model
-    from tokenflow.model_store import SHIPPED_MODELS, resolve_model_path
+    from tokenflow.errors import InputError
+    from tokenflow.model_store import MODEL_NAMES, resolve_model_path
 
-    if path in SHIPPED_MODELS:  # "default", "default-moe", "default-tool"
+    if path in MODEL_NAMES:  # "default", "default-moe", "default-tool", "smollm2-135m-instruct"
         try:
             path = resolve_model_path(path)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, InputError) as e:
             raise SystemExit(f"--model {args.model}: {e}") from None
     return AutoModelForCausalLM.from_pretrained(path).eval(), path
 

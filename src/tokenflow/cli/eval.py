@@ -13,8 +13,8 @@ def register(subparsers) -> None:
         description="Evaluate greedy accuracy on the task's held-out split. CHECKPOINT is a model "
                     "folder, a checkpoint folder (checkpoints/step_000010) or a run folder (its latest "
                     "checkpoint and its task). Overrides such as --task.name apply to the task.")
-    p.add_argument("checkpoint", help='model / checkpoint / run folder, or a shipped model: "default", '
-                                      '"default-tool", "default-moe"')
+    p.add_argument("checkpoint", help='model / checkpoint / run folder, or a model name: "default", '
+                                      '"default-tool", "default-moe", "smollm2-135m-instruct"')
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -23,10 +23,10 @@ def register(subparsers) -> None:
 
 def locate(path: str) -> tuple[str, Path | None]:
     """(model folder, run folder or None) for a model, checkpoint or run folder."""
-    from tokenflow.model_store import SHIPPED_MODELS, resolve_model_path
+    from tokenflow.model_store import MODEL_NAMES, resolve_model_path
     from tokenflow.runtime.run.run_dir import RunDir
 
-    if path in SHIPPED_MODELS:
+    if path in MODEL_NAMES:
         return resolve_model_path(path), None
     p = Path(path)
     if (p / "config.toml").is_file() and (p / "checkpoints").is_dir():
@@ -105,8 +105,13 @@ def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.config.loading import ConfigError, load_config
     from tokenflow.config.root import TrainConfig
     from tokenflow.config.presets import default_config_path
+    from tokenflow.errors import InputError
 
-    model, run_dir = locate(args.checkpoint)
+    try:
+        model, run_dir = locate(args.checkpoint)
+    except InputError as e:  # a model name whose folder cannot be built
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     config = run_dir / "config.toml" if run_dir is not None else default_config_path()
     try:
         cfg = load_config(TrainConfig, config, overrides or [])
@@ -114,7 +119,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine.factory import make_engine
-    from tokenflow.evaluation import accuracy_of
+    from tokenflow.evaluation import accuracy_of, prompt_encoder
     from tokenflow.tasks import build_task
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
@@ -126,7 +131,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         acc = episode_accuracy(engine, task, cfg, limit)
     else:
         acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
-                          engine.tokenizer, task, limit)
+                          engine.tokenizer, task, limit, encode=prompt_encoder(engine.tokenizer, cfg.task))
     scored = getattr(task, "eval_source", f"{task.name} held-out split")
     if args.json:
         print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n, "accuracy": acc}))

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
                     "(e.g. --engine.backend vllm). The server's limits are --serve.KEY VALUE (e.g. "
                     "--serve.max_requests 64; see docs/serve.md, \"Limits\").")
     p.add_argument("model", metavar="MODEL_OR_RUN",
-                   help='model / checkpoint / run folder, or a shipped model: "default", "default-tool", "default-moe"')
+                   help='model / checkpoint / run folder, or a model name: "default", "default-tool", "default-moe", '
+                        '"smollm2-135m-instruct"')
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one)")
     p.add_argument("--api-key", default=None,

@@ -39,7 +39,9 @@ class ModelConfig(ConfigModel):
     """Hugging Face-format model folder; "default" is the tiny arithmetic model shipped with tokenflow,
     "default-moe" the same model upcycled into a 4-expert Mixtral (`tokenflow.tools.make_moe_model`),
     "default-tool" the tiny tool-calling model of the calculator environment
-    (`tokenflow.tools.make_tool_model`, examples/tool_use.toml)."""
+    (`tokenflow.tools.make_tool_model`, examples/tool_use.toml); "smollm2-135m-instruct" a real
+    instruct model (135M parameters, ChatML), built into the cache on first use
+    (docs/howto/real-model.md)."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint folder (off: only architectures transformers knows)."""
 

@@ -6,6 +6,7 @@ from importlib import resources
 from pathlib import Path
 
 from tokenflow.errors import InputError
+from tokenflow.model_store.catalog import BUILT_MODELS
 
 SHIPPED_MODELS = {
     "default": ("default_model", "make_default_model"),
@@ -21,9 +22,18 @@ def shipped_model_path(name: str) -> Path:
     return Path(str(resources.files("tokenflow") / "assets" / SHIPPED_MODELS[name][0]))
 
 
+MODEL_NAMES = (*SHIPPED_MODELS, *BUILT_MODELS)
+"""Every name ``model.path`` takes instead of a folder."""
+
+
 def resolve_model_path(path: str) -> str:
-    """The folder ``path`` names: a shipped model's assets folder, or ``path`` itself when it is a
+    """The folder ``path`` names: a shipped model's assets folder, a built model's folder in the
+    cache (built on first use: `tokenflow.model_store.build`), or ``path`` itself when it is a
     folder. Its contents are checked later (``tokenflow.runtime.run.preflight.check_model_folder``)."""
+    if path in BUILT_MODELS:
+        from tokenflow.model_store.build import ensure_built
+
+        return str(ensure_built(path))
     if path in SHIPPED_MODELS:
         folder, script = SHIPPED_MODELS[path]
         p = shipped_model_path(path)

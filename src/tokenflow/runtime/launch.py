@@ -101,6 +101,8 @@ def prepare(cfg, model: str):
         return task, tokenizer
     preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
+    if cfg.task.chat_template:  # then every prompt is encoded through it (tokenflow.evaluation.prompt_encoder)
+        preflight.check_chat_prompt(task, tokenizer, cfg.task)
     return task, tokenizer
 
 

@@ -23,7 +23,7 @@ import logging
 import time
 
 from tokenflow.buffer import DynamicSampling, RolloutBuffer
-from tokenflow.evaluation import encode_prompt
+from tokenflow.evaluation import prompt_encoder
 from tokenflow.metrics import phases, trace
 from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime.orchestrator import inbox, run_state
@@ -33,7 +33,7 @@ from tokenflow.runtime.orchestrator.learning_signal import SignalWatch
 from tokenflow.runtime.orchestrator.run_state import RunFailed
 from tokenflow.runtime.orchestrator.seeds import request_seed
 from tokenflow.runtime.orchestrator.step_metrics import (
-    EngineTotals, IdleClock, LiveFigures, batch_metrics, engine_metrics, sync_metrics,
+    EngineClock, EngineTotals, IdleClock, LiveFigures, batch_metrics, engine_metrics, sync_metrics,
 )
 from tokenflow.runtime.run.run_dir import RunDir
 from tokenflow.runtime.view.progress import Progress
@@ -54,6 +54,7 @@ class Orchestrator:
 
         self.cfg, self.run_dir, self.backend, self.task = cfg, run_dir, backend, task
         self.tokenizer, self.scorer, self.logger = tokenizer, scorer, logger
+        self._encode = prompt_encoder(tokenizer, cfg.task)
         r, s = cfg.rollout, cfg.sampling
         self.train_params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                            max_tokens=s.max_tokens, stop=tuple(s.stop), n=r.group_size)
@@ -85,6 +86,8 @@ class Orchestrator:
         self.engine_totals = EngineTotals()
         self.idle = IdleClock()
         self.live = LiveFigures()
+        self.live_figures: dict[str, float] = {}
+        self.engine_clock = EngineClock()  # each step's generation rate, on the engines' clocks
         self.signal = SignalWatch(cfg)
         self.progress: Progress | None = None
         self.calibration = CalibrationLog()
@@ -126,12 +129,8 @@ class Orchestrator:
                            agent=self.cfg.task.agent, agent_timeout_s=e.agent_timeout_s)
 
     def encode(self, text: str) -> list[int]:
-        t = self.cfg.task
-        if t.chat_template:
-            msgs = ([{"role": "system", "content": t.system_prompt}] if t.system_prompt else [])
-            msgs.append({"role": "user", "content": text})
-            return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-        return encode_prompt(self.tokenizer, text)
+        """A prompt's ids (``task.chat_template``: through the template), as everywhere else."""
+        return self._encode(text)
 
     def admit(self) -> None:
         while (self.buffer.rollouts_admitted // self.cfg.rollout.group_size < self.groups_needed()
@@ -157,6 +156,7 @@ class Orchestrator:
 
     def _show_live(self) -> None:
         figures = self.live.sample(time.monotonic(), self.idle.trainer_busy_s, self.engine_totals)
+        self.live_figures = figures
         if self.progress is not None:
             self.progress.set(**figures)
 
@@ -228,9 +228,7 @@ class Orchestrator:
         self.pending_batch = None
         timings, self.sync_timings = self.sync_timings, []
         self.calibration.sync(timings)
-        now, tokens = time.monotonic(), self.engine_totals.total("tokens")
-        rate = (tokens - self._last_engine_sample[1]) / max(now - self._last_engine_sample[0], 1e-9)
-        self._last_engine_sample = (now, tokens)
+        rate = self.engine_clock.step(self.engine_totals, fallback=self.live_figures.get("tokens_per_s", 0.0))
         metrics = {**msg.metrics, **bmetrics, **self.buffer.metrics(), **sync_metrics(timings),
                    **engine_metrics(self.engine_totals, rate, min(self.engine_versions.values()))}
         wall = self.wall_s()
@@ -324,7 +322,7 @@ class Orchestrator:
             self.t_train0 = time.monotonic()
             trace.record("orchestrator/window_start", phases.mark("window_start"), 0.0)  # the report's zero
             self.last_step_wall = self.wall_offset
-            self._last_engine_sample = (time.monotonic(), self.engine_totals.total("tokens"))
+            self.engine_clock.reset(self.engine_totals)
             self.idle.start(self.engine_totals)
             run_trace = run_tracer(self)  # buffer waits, trainer idle, counters (no-op when off)
             for gid, prompt in sorted(self.prompts.items()):  # resumed in-flight groups

@@ -114,12 +114,68 @@ class IdleClock:
         return max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0
 
 
-def engine_metrics(totals: EngineTotals, tokens_per_s: float, version: int) -> dict[str, float]:
+def engine_metrics(totals: EngineTotals, rate: "StepRate", version: int) -> dict[str, float]:
     steps = totals.total("decode_steps")
-    return {"perf/engine_tokens_per_s": tokens_per_s, "engine/tokens_total": totals.total("tokens"),
+    return {"perf/engine_tokens_per_s": rate.tokens_per_s, "engine/step_tokens": rate.tokens,
+            "engine/step_seconds": rate.seconds, "engine/tokens_total": totals.total("tokens"),
             "engine/decode_step_s": totals.total("decode_s") / steps if steps else 0.0,
             "engine/running": totals.total("running"), "engine/waiting": totals.total("waiting"),
             "engine/version": float(version)}
+
+
+@dataclass
+class StepRate:
+    tokens: float
+    """Tokens the engines generated between their readings at the previous step and at this one."""
+    seconds: float
+    """Those readings' distance on the engines' own clocks (the longest, over engines)."""
+    tokens_per_s: float
+    """The sum over engines of each one's tokens ÷ its seconds."""
+
+
+def _readings(totals: EngineTotals) -> dict[str, tuple[float, float, float]]:
+    """Each engine's latest (wall_s, tokens, busy_s): read together, in the engine, on its clock."""
+    return {name: (float(s.wall_s), float(s.tokens), float(s.busy_s)) for name, s in totals.per_engine.items()}
+
+
+class EngineClock:
+    """Generation rates on the engines' own clocks.
+
+    An engine's status carries its token counter and its wall clock read at the same moment, so
+    tokens ÷ seconds between two of its statuses is exactly what it generated per second then,
+    however late the statuses reach the orchestrator (a blocked orchestrator handles several at
+    once) and whatever else the orchestrator samples in between (an optimizer step brings no new
+    engine reading). Dividing by the orchestrator's time instead made each step's rate depend
+    on which statuses had landed before it ended: steps that each generated ~700 tokens read
+    anywhere from 6 to 219 tok/s."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, tuple[float, float, float]] = {}
+
+    def reset(self, totals: EngineTotals) -> None:
+        """Start measuring from the engines' latest readings (the training window opens)."""
+        self.marks = _readings(totals)
+
+    def step(self, totals: EngineTotals, fallback: float = 0.0) -> StepRate:
+        """Tokens and rate since the last call. With no new reading from any engine (a step
+        shorter than their report interval), the rate is ``fallback`` (the live view's) and the
+        marks stay where they are, so the next step's interval covers both."""
+        tokens, seconds, rate, advanced = 0.0, 0.0, 0.0, False
+        for name, now in _readings(totals).items():
+            mark = self.marks.get(name)
+            if mark is not None and now[0] < mark[0]:  # a restarted engine: a new clock from 0
+                mark = None
+            mark = mark or (0.0, 0.0, 0.0)
+            if now[0] <= mark[0]:
+                continue
+            advanced = True
+            tokens += now[1] - mark[1]
+            seconds = max(seconds, now[0] - mark[0])
+            rate += (now[1] - mark[1]) / (now[0] - mark[0])
+            self.marks[name] = now
+        if not advanced:
+            return StepRate(0.0, 0.0, fallback)
+        return StepRate(tokens, seconds, rate)
 
 
 def sync_metrics(timings: list[dict]) -> dict[str, float]:
@@ -155,23 +211,38 @@ class SlidingWindow:
 class LiveFigures:
     """The live view's current throughput and idle fractions, over a sliding window.
 
-    Engines report cumulative counters about once a second; a rate taken between two optimizer
-    steps reads 0 whenever no report landed in between (sub-second steps). Over a window of
-    several reports it reads what the engines did recently. Sampled on every engine report and
-    every optimizer step."""
+    Engines report cumulative counters with their own clock about once a second. Throughput is
+    each engine's tokens generated ÷ its wall seconds over the last ``window_s`` seconds of its
+    clock (`EngineClock` says why its clock), summed over engines; engine idle likewise (busy
+    seconds ÷ wall seconds). Trainer idle is over the orchestrator's clock, which times the
+    trainer's steps. Sampled on every engine report and every optimizer step."""
 
     def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
         self.window = SlidingWindow(window_s)
+        self.engines: dict[str, deque[tuple[float, float, float]]] = {}
 
     def sample(self, t: float, trainer_busy_s: float, engines: EngineTotals) -> dict[str, float]:
-        self.window.add(t, {"tokens": engines.total("tokens"), "engine_busy": engines.total("busy_s"),
-                            "engine_wall": engines.total("wall_s"), "trainer_busy": trainer_busy_s})
+        self.window.add(t, {"trainer_busy": trainer_busy_s})
+        rate, busy, wall = 0.0, 0.0, 0.0
+        for name, now in _readings(engines).items():
+            history = self.engines.setdefault(name, deque())
+            if history and now[0] < history[-1][0]:  # a restarted engine: a new clock
+                history.clear()
+            if not history or now[0] > history[-1][0]:
+                history.append(now)
+            while len(history) > 2 and history[1][0] <= now[0] - self.window_s:
+                history.popleft()
+            first, last = history[0], history[-1]
+            if last[0] > first[0]:
+                rate += (last[1] - first[1]) / (last[0] - first[0])
+                busy += last[2] - first[2]
+                wall += last[0] - first[0]
+        out: dict[str, float] = {}
+        if wall > 0:
+            out["tokens_per_s"] = rate
+            out["engine_idle"] = max(0.0, 1.0 - busy / wall)
         span = self.window.span()
-        if span <= 0:
-            return {}
-        out = {"tokens_per_s": self.window.delta("tokens") / span,
-               "trainer_idle": min(1.0, max(0.0, 1.0 - self.window.delta("trainer_busy") / span))}
-        engine_wall = self.window.delta("engine_wall")
-        if engine_wall > 0:
-            out["engine_idle"] = max(0.0, 1.0 - self.window.delta("engine_busy") / engine_wall)
+        if span > 0:
+            out["trainer_idle"] = min(1.0, max(0.0, 1.0 - self.window.delta("trainer_busy") / span))
         return out

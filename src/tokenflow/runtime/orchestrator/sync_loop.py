@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from tokenflow.buffer import DynamicSampling
-from tokenflow.evaluation import encode_prompt
+from tokenflow.evaluation import prompt_encoder
 from tokenflow.runtime.orchestrator.seeds import request_seed
 from tokenflow.runtime.orchestrator.step_metrics import batch_metrics
 from tokenflow.scoring.pool import normalise_reward
@@ -71,7 +71,8 @@ def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:
 def _generate_and_score(engine, tokenizer, task, token_scorers, cfg, base, prompts, first_gid: int):
     """One group per prompt, generated with its per-prompt seed, scored, shaped."""
     params = [dataclasses.replace(base, seed=request_seed(cfg.run.seed, p.id)) for p in prompts]
-    groups = engine.generate([encode_prompt(tokenizer, p.text) for p in prompts], params)
+    encode = prompt_encoder(tokenizer, cfg.task)
+    groups = engine.generate([encode(p.text) for p in prompts], params)
     alg = cfg.algorithm
     for gid, (p, group) in enumerate(zip(prompts, groups), first_gid):
         if shape_of(task.reward_fn) == "group":

@@ -204,6 +204,24 @@ def check_agent(spec: str, tokenizer) -> None:
                     "training row", check.reason)
 
 
+def check_chat_prompt(task, tokenizer, task_config) -> None:
+    """``task.chat_template``: the model's tokenizer has a chat template and it renders the first
+    training prompt (with ``task.system_prompt``) exactly as training will encode it."""
+    from tokenflow.evaluation import prompt_encoder
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("task.chat_template = true, but the model's tokenizer has no chat template; set "
+                         "task.chat_template = false or use a chat model (e.g. model.path = \"smollm2-135m-instruct\")")
+    prompt = task.train_prompt(0)
+    try:
+        ids = prompt_encoder(tokenizer, task_config)(prompt.text)
+    except Exception as e:  # noqa: BLE001 - Jinja and tokenizers raise many types
+        raise InputError(f"the model's chat template cannot render the prompt {prompt.text[:40]!r} as a user "
+                         f"message ({type(e).__name__}: {e}); set task.chat_template = false") from None
+    if not ids:
+        raise InputError("the model's chat template renders the prompts as no tokens; set task.chat_template = false")
+
+
 def check_prompts_encode(task, encode) -> None:
     """Every character of the prompts must be encodable; name the ones that are not, and a row."""
     rows = getattr(task, "rows", None)
