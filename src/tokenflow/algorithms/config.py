@@ -130,20 +130,26 @@ class AlgorithmConfig(ConfigModel):
     """PPO value clipping: V is kept within ± this of the value before the step. None = off."""
 
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: a group whose scored samples all got the same reward (so every
-    group-relative advantage in it is 0) is dropped when it is scored, and admission refills the
-    step with new prompts, so every batch is full of groups that carry signal. Counted per step
-    as ``rollout/dropped_groups``. Meant for group-baseline estimators (grpo, dr_grpo, rloo)."""
+    """DAPO's dynamic sampling: a group is kept iff 0 < #correct < G, G being its scored samples
+    and correct a task reward ≥ 0.5 before shaping (the threshold of held-out accuracy,
+    ``tokenflow.rollout.CORRECT_REWARD``). An all-correct or all-wrong group is dropped when it is
+    scored, and admission refills the step with new prompts, so every batch is full of groups
+    that carry signal. Counted per step as ``rollout/dropped_groups``. A graded reward's
+    differences among all-wrong (or all-correct) samples are dropped with their group, as DAPO
+    defines it."""
 
     dynamic_sampling_max_batches: int = Field(default=10, ge=1)
     """Guard for dynamic sampling: at most this many × rollout.prompts_per_step groups are
-    dropped between two consecutive batches; past that, equal-reward groups are kept (with a
-    warning) until the next batch is taken, so a solved or hopeless task cannot stall the run."""
+    dropped between two consecutive batches; past that, all-correct and all-wrong groups are kept
+    (with a warning) until the next batch is taken, so a solved or hopeless task cannot stall
+    the run."""
 
     overlong_buffer_tokens: int | None = Field(default=None, ge=1)
     """DAPO's soft overlong punishment: the last this-many tokens before sampling.max_tokens
     (L_cache). A training completion longer than max_tokens − L_cache gets a penalty growing
-    linearly to −overlong_penalty at max_tokens, added to its reward. None turns it off."""
+    linearly to −overlong_penalty at max_tokens, added to its reward. Multi-turn rollouts: the
+    length is each model turn's (max_tokens bounds a turn; environment tokens never count) and
+    the episode gets its worst turn's penalty. None turns it off."""
 
     overlong_penalty: float = Field(default=1.0, gt=0)
     """The overlong penalty at max_tokens (DAPO uses 1, the size of its ±1 reward)."""
