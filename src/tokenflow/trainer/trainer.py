@@ -175,7 +175,8 @@ class Trainer(NoGradPasses, PolicyWeights):
                  split(train, c.mini_batches, global_counts)]
         if prox is None and alg.needs_prox_pass and (multi or not fill):
             later = [s for m in (minis[1:] if fill else minis) for s in m.train]
-            prox, _ = self._no_grad_pass(later, len(live), want_prox=True)
+            prox = (self._no_grad_pass(later, len(live), want_prox=True)[0] if later
+                    else [np.zeros(0, dtype=np.float32)] * len(live))
         acc, log_ = Accumulator(), StepLog()
         forwarded = n_micro = 0
         for epoch in range(c.epochs):
