@@ -83,6 +83,7 @@ def test_prox_from_the_first_forward_equals_the_prox_pass(mini_batches, epochs, 
     assert (n_fast, n_slow) == (passes, 1)
     assert fast["optim/steps"] == mini_batches * epochs
     assert fast["policy/clip_frac"] > 0 and fast["offpolicy/is_ratio_max"] > 1.5
+    assert fast["offpolicy/is_weight_max"] == pytest.approx(1.5)  # the weight the loss used: capped
     for key in ("policy/clip_frac", "policy/approx_kl", "offpolicy/is_ratio_max", "offpolicy/tis_clipped_frac"):
         assert fast[key] == pytest.approx(slow[key], rel=1e-4, abs=1e-7), key
     for k, v in w_slow.items():

@@ -53,6 +53,9 @@ class Corrections:
     """Bool per token: False where IS masking or OPSM dropped the token."""
     log_w: torch.Tensor
     """log w per token (detached), for metrics."""
+    used_w: torch.Tensor
+    """The behaviour weight the loss uses, detached: min(w, C) (per sequence for a sequence-ratio
+    loss), for metrics."""
     tis_clipped: torch.Tensor
     is_masked: torch.Tensor
     opsm_dropped: torch.Tensor
@@ -78,7 +81,7 @@ def apply_corrections(cfg: AlgorithmConfig, *, logprobs: torch.Tensor, behaviour
     weight = w_loss.clone() if decoupled else torch.ones_like(w)
     none = torch.zeros_like(mask, dtype=torch.bool)
     tis_clipped, is_masked, opsm_dropped = none, none, none
-    if cfg.tis_cap is not None:
+    if cfg.tis_cap:  # 0 (or None) is off
         tis_clipped = mask & (w_loss > cfg.tis_cap)
         weight = weight * torch.clamp(cfg.tis_cap / w_loss, max=1.0)
     keep = torch.ones_like(mask, dtype=torch.bool)
@@ -93,4 +96,5 @@ def apply_corrections(cfg: AlgorithmConfig, *, logprobs: torch.Tensor, behaviour
         drop_seq = (seq_adv < 0) & (seq_div > cfg.opsm_delta)
         opsm_dropped = mask & drop_seq[seq_index] & keep
         keep &= ~drop_seq[seq_index]
-    return Corrections(weight.detach(), keep, log_w, tis_clipped, is_masked, opsm_dropped)
+    used = torch.clamp(w_loss, max=cfg.tis_cap) if cfg.tis_cap else w_loss
+    return Corrections(weight.detach(), keep, log_w, used.detach(), tis_clipped, is_masked, opsm_dropped)

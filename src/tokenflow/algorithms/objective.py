@@ -147,6 +147,7 @@ def _record(stats: Accumulator, t: TokenInputs, old, corr, clipped, kl, terms: L
     stats.add("sum/w", w.sum())
     stats.lo("min/w", w.min())
     stats.hi("max/w", w.max())
+    stats.hi("max/used_w", corr.used_w[m].max())
     stats.add("sum/tis_clipped", corr.tis_clipped[m].sum())
     stats.add("sum/is_masked", corr.is_masked[m].sum())
     stats.add("sum/opsm_dropped", corr.opsm_dropped[m].sum())

@@ -14,7 +14,8 @@ default); a token mean is over every (loss token, optimizer step) pair of the ba
 ``optim/*``    pre-clip gradient norm (mean and max over the steps), learning rate, steps
                skipped for a non-finite gradient, optimizer steps;
 ``offpolicy/*`` behaviour weight w = π/μ (mean/min/max; π = π_prox for decoupled, π_θ for
-               direct), fractions of loss tokens clipped by TIS, masked by IS masking, dropped
+               direct), the largest weight the loss used (``is_weight_max``: min(w, tis_cap),
+               per sequence for GSPO), fractions of loss tokens clipped by TIS, masked by IS masking, dropped
                by OPSM, rejected for age (of all model-generated tokens), token age in policy
                versions, and the on-policy engine-vs-trainer mismatch over tokens whose version
                equals the trainer's, scored with the batch's starting weights (each token once);
@@ -60,6 +61,7 @@ def step_metrics(acc: Accumulator, optim: dict[str, float]) -> dict[str, float]:
         "offpolicy/is_ratio_mean": r("sum/w", "n/tokens", 1.0),
         "offpolicy/is_ratio_min": acc.min("min/w", 1.0),
         "offpolicy/is_ratio_max": acc.max("max/w", 1.0),
+        "offpolicy/is_weight_max": acc.max("max/used_w", 1.0),
         "offpolicy/tis_clipped_frac": r("sum/tis_clipped", "n/tokens"),
         "offpolicy/is_masked_frac": r("sum/is_masked", "n/tokens"),
         "offpolicy/opsm_dropped_frac": r("sum/opsm_dropped", "n/tokens"),
