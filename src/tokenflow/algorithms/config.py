@@ -49,17 +49,23 @@ class AlgorithmConfig(ConfigModel):
     1). Usual with GAE; REINFORCE++ does this by definition."""
 
     policy_loss: PolicyLossName = "ppo"
-    """"ppo" (clipped token ratio), "gspo" (clipped sequence ratio, geometric mean of the token
-    ratios) or "cispo" (clipped, stop-gradient ratio times log π_θ)."""
+    """"ppo" (clipped token ratio; the behaviour weight multiplies the loss outside the clip),
+    "gspo" (clipped sequence ratio, the geometric mean of the token ratios; the behaviour weight
+    is per sequence too) or "cispo" (−sg(clip(r))·A·log π_θ, r the whole importance weight: the
+    behaviour weight goes inside the clip). docs/algorithms.md, "Policy losses"."""
 
     objective: Literal["direct", "decoupled"] = "decoupled"
-    """Which ratio is clipped. "decoupled" (AReaL): ρ = π_θ/π_prox, the trust region around the
-    weights at the start of the step, and each token's loss is multiplied by the detached
-    behaviour weight w = π_prox/μ (truncated by tis_cap). "direct": ρ = π_θ/μ, clipped against
-    the engine's behaviour log-probs, so under staleness the clip also cuts the gradient of tokens
-    whose probability moved while the rollout waited (docs/algorithms.md, "Why decoupled is the
-    default"). Neither needs an extra forward pass: one train_step is one optimizer step, so
-    π_prox is the step's own forward, detached (a stochastic forward, LoRA dropout, gets a pass)."""
+    """Which ratio is clipped. "decoupled" (AReaL): ρ = π_θ/π_prox, π_prox being the policy before
+    the batch's first optimizer step, and each token's loss is multiplied by the detached
+    behaviour weight w = π_prox/μ, truncated to min(w, tis_cap). With one optimizer step per
+    batch (trainer.mini_batches = trainer.epochs = 1, the default) ρ ≡ 1 where the gradient is
+    taken, so the clip never binds and PPO is −min(w, C)·A·log π_θ in gradient; the clip is a
+    trust region around the batch's starting policy from its second optimizer step on.
+    "direct": ρ = π_θ/μ, clipped against the engine's behaviour log-probs at every step, so
+    under staleness the clip also cuts the gradient of tokens whose probability moved while the
+    rollout waited (docs/algorithms.md, "Why decoupled is the default"). π_prox costs no pass
+    where a forward at its weights is deterministic (the first step's); a stochastic forward
+    (dropout, router jitter) and later mini-batches get a no-grad pass in eval mode."""
 
     behaviour_logprobs: bool = True
     """The engine records per-token behaviour log-probs. Set false for an engine that cannot;
@@ -67,10 +73,13 @@ class AlgorithmConfig(ConfigModel):
     both objectives are the same (ρ = π_θ/π_prox, no weight)."""
 
     clip_low: float = Field(default=0.2, ge=0, lt=1)
-    """ε_low: the ratio is clipped below at 1 − clip_low."""
+    """ε_low: the ratio (CISPO: the importance weight) is clipped below at 1 − clip_low. Under the
+    decoupled objective with one optimizer step per batch PPO's and GSPO's ratio is 1, so the
+    clip acts only from a batch's second step (trainer.mini_batches, trainer.epochs)."""
 
     clip_high: float = Field(default=0.2, ge=0)
-    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    """ε_high: the ratio (CISPO: the importance weight) is clipped above at 1 + clip_high (DAPO's
+    clip-higher: 0.28)."""
 
     aggregation: AggregationName = "token_mean"
     """How token losses become one number, with the normaliser over the whole step's batch:
@@ -253,6 +262,7 @@ class AlgorithmConfig(ConfigModel):
     @property
     def needs_prox_pass(self) -> bool:
         """Whether the loss reads π_prox (the decoupled objective, or no behaviour log-probs).
-        The trainer reads it off the step's own forward when it can (``Trainer.prox_from_forward``)
-        and runs a no-grad pass before the step otherwise."""
+        The trainer reads it off the first optimizer step's forward when it can
+        (``Trainer.prox_from_forward``) and runs a no-grad pass before the batch's updates for
+        the rest."""
         return self.objective == "decoupled" or not self.behaviour_logprobs
