@@ -48,10 +48,9 @@ from tokenflow.trainer.model import (
     stochastic_parts,
     use_fp32_lm_head,
 )
-from tokenflow.trainer.passes import NoGradPasses
 from tokenflow.trainer.policy_weights import PolicyWeights
 from tokenflow.trainer.schedule import build_scheduler
-from tokenflow.trainer.updates import MiniBatch, StepLog, split
+from tokenflow.trainer.updates import MiniBatch, NoGradPasses, StepLog, split
 from tokenflow.trainer.value_head import ValueHead
 
 log = logging.getLogger(__name__)
