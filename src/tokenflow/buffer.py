@@ -21,10 +21,12 @@ once the trainer has consumed its rollout *and* the weights produced by that ste
 the engine — so with ``max_staleness = 0`` nothing is generated before the new weights arrive:
 synchronous training through the same code path.
 
-**Dynamic sampling** (DAPO, optional): a scored group whose samples all got the same reward is
-dropped at ``put`` instead of becoming ready, and its rollouts leave the admitted count, so the
-slot it held is free again and admission refills it with the next prompt. A cap on the drops
-between two batches keeps a run whose every group is flat moving (see :class:`DynamicSampling`).
+**Dynamic sampling** (DAPO, optional): a scored group whose samples are all correct or all wrong
+(``0 < #correct < G`` fails, correct meaning task reward ≥ ``CORRECT_REWARD``, the threshold of
+held-out accuracy, before any shaping) is dropped at ``put`` instead of becoming ready, and its
+rollouts leave the admitted count, so the slot it held is free again and admission refills it
+with the next prompt. A cap on the drops between two batches keeps a run whose every group is
+uninformative moving (see :class:`DynamicSampling`).
 
 The buffer is plain Python with no locks: the orchestrator owns it and calls it from one thread.
 """
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokenflow.rollout import Rollout
+from tokenflow.rollout import CORRECT_REWARD, Rollout, task_reward
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,9 @@ class BufferStats:
     groups_ready: int = 0
     groups_consumed: int = 0
     groups_dropped: int = 0
-    """Groups dynamic sampling dropped (equal rewards), over the run."""
+    """Groups dynamic sampling dropped (all correct or all wrong), over the run."""
     flat_groups_kept: int = 0
-    """Equal-reward groups dynamic sampling kept because its cap was reached."""
+    """All-correct or all-wrong groups dynamic sampling kept because its cap was reached."""
     rollouts_failed: int = 0
     tokens_rejected: int = 0
     admission_wait_s: float = 0.0
@@ -63,18 +65,23 @@ class BufferStats:
     """Token age at consumption (trainer version − token version) → token count."""
 
 
-def equal_rewards(group: list[Rollout]) -> bool:
-    """Whether the group's scored samples (at least one) all got the same reward: then every
-    group-relative advantage in it is 0. A group whose every sample failed is not "equal"."""
-    rewards = {r.reward for r in group if not r.failed}
-    return len(rewards) == 1
+def uninformative(group: list[Rollout]) -> bool:
+    """DAPO's test: whether the group's scored samples (at least one) are all correct or all
+    wrong, i.e. not 0 < #correct < #scored. Correct is a task reward ≥ ``CORRECT_REWARD``
+    before shaping (:func:`tokenflow.rollout.task_reward`), so an all-wrong group whose shaped
+    rewards differ only by the overlong penalty is dropped, and a group with a correct sample
+    is kept. A group whose every sample failed is not uninformative (the run must see it)."""
+    rewards = [task_reward(r) for r in group]
+    scored = [x for x in rewards if x is not None]
+    correct = sum(x >= CORRECT_REWARD for x in scored)
+    return bool(scored) and correct in (0, len(scored))
 
 
 class DynamicSampling:
-    """DAPO's filter with a guard: drop equal-reward groups, at most ``max_drops`` of them
-    between two consecutive batches; past that, keep them (the trainer skips them, as it skips
-    every zero-advantage sequence) and warn once per run, so that a task the model has solved,
-    or cannot solve at all, slows the run down instead of stalling it."""
+    """DAPO's filter with a guard: drop all-correct and all-wrong groups, at most ``max_drops``
+    of them between two consecutive batches; past that, keep them (the trainer skips those whose
+    advantage is 0, as it skips every zero-advantage sequence) and warn once per run, so that a
+    task the model has solved, or cannot solve at all, slows the run down instead of stalling it."""
 
     def __init__(self, max_drops: int) -> None:
         self.max_drops = max_drops
@@ -82,7 +89,7 @@ class DynamicSampling:
         self.warned = False
 
     def drop(self, group: list[Rollout]) -> bool:
-        if not equal_rewards(group):
+        if not uninformative(group):
             return False
         if self.since_batch < self.max_drops:
             self.since_batch += 1
@@ -90,10 +97,10 @@ class DynamicSampling:
         if not self.warned:
             self.warned = True
             log.warning(
-                "dynamic sampling dropped %d groups with equal rewards since the last batch (the cap, "
-                "algorithm.dynamic_sampling_max_batches × rollout.prompts_per_step); equal-reward groups are "
-                "kept until the next batch so the run goes on (they add nothing to the gradient). When every "
-                "group gets the same reward the task is solved or too hard for the model: see "
+                "dynamic sampling dropped %d all-correct or all-wrong groups since the last batch (the cap, "
+                "algorithm.dynamic_sampling_max_batches × rollout.prompts_per_step); such groups are "
+                "kept until the next batch so the run goes on. When every group is all correct or all "
+                "wrong the task is solved or too hard for the model: see "
                 "docs/howto/doesnt-learn.md. Counted as buffer/flat_groups_kept.", self.since_batch)
         return False
 
@@ -160,8 +167,8 @@ class RolloutBuffer:
 
     # ---- completion ------------------------------------------------------------------------
     def put(self, group: list[Rollout]) -> bool:
-        """A scored group (all samples of one prompt) is ready for training; False when dynamic
-        sampling dropped it instead (its slot is free for a new prompt)."""
+        """A scored (and shaped) group, all samples of one prompt, is ready for training; False when
+        dynamic sampling dropped it instead (its slot is free for a new prompt)."""
         gid = group[0].group_id
         if gid not in self.in_flight:
             raise KeyError(f"group {gid} was not admitted (or was already put)")
@@ -171,7 +178,7 @@ class RolloutBuffer:
                 self.rollouts_admitted -= self.group_size
                 self.stats.groups_dropped += 1
                 return False
-            if equal_rewards(group):
+            if uninformative(group):
                 self.stats.flat_groups_kept += 1
         self.ready[gid] = group
         self.stats.groups_ready += 1

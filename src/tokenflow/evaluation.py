@@ -1,7 +1,8 @@
 """Held-out evaluation: greedy accuracy of a model on a task's eval split.
 
-Accuracy is the fraction of eval prompts whose greedy completion gets reward ≥ 0.5 (for the
-0/1 rewards of verifiable tasks, the fraction solved).
+Accuracy is the fraction of eval prompts whose greedy completion gets reward ≥ 0.5
+(``tokenflow.rollout.CORRECT_REWARD``, the threshold dynamic sampling counts correct samples
+with; for the 0/1 rewards of verifiable tasks, the fraction solved).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Callable, Sequence
 
+from tokenflow.rollout import CORRECT_REWARD
 from tokenflow.tasks.base import Prompt, Task
 
 
@@ -61,7 +63,7 @@ def accuracy_of(generate: Callable[[list[list[int]]], list[str]], tokenizer, tas
     prompts = task.eval_prompts()[:limit]
     completions = generate([encode(p.text) for p in prompts])
     rewards = score_completions(task, prompts, completions)
-    return sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
+    return sum(r >= CORRECT_REWARD for r in rewards) / max(1, len(rewards))
 
 
 def hf_greedy_generate(model, tokenizer, max_new_tokens: int = 96, batch: int = 256):

@@ -164,11 +164,17 @@ ADVANTAGES = Registry("advantage estimator", "algorithm.advantage",
 (uses per-token rewards, so ``kl_in_reward`` may put the KL penalty there), ``normalised``
 (already normalises over the batch: ``whiten_advantages`` is not applied again)."""
 
-POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss", defaults={"zero_at_zero_advantage": False})
+POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss",
+                         defaults={"zero_at_zero_advantage": False, "sequence_ratio": False,
+                                   "clips_weight": False})
 """``fn(logprobs, old_logprobs, adv, clip_low, clip_high, *, mask, seq_index, num_seqs) ->
-(per-token loss, clipped)``; see :mod:`tokenflow.algorithms.losses`. Property:
+(per-token loss, clipped)``; see :mod:`tokenflow.algorithms.losses`. Properties:
 ``zero_at_zero_advantage`` (a sequence whose advantage is 0 on every token gets loss 0 and
-gradient 0, whatever its ratios and the other sequences are, so the trainer may skip it)."""
+gradient 0, whatever its ratios and the other sequences are, so the trainer may skip it);
+``sequence_ratio`` (the loss's ratio is per sequence, so the behaviour weight and its TIS cap are
+taken per sequence too: the geometric mean of the tokens' weights); ``clips_weight`` (the loss
+clips the importance weight itself, so the corrected behaviour weight goes into its ratio before
+the clip instead of multiplying the loss after it). See :mod:`tokenflow.algorithms.objective`."""
 
 AGGREGATIONS = Registry("aggregation mode", "algorithm.aggregation")
 """``fn(mask, seq_index, seq_tokens, counts, max_completion_tokens) -> per-token weights``; see
@@ -245,8 +251,8 @@ ADVANTAGES.add("gae", _A + "gae", needs_values=True, token_rewards=True)
 
 _L = "tokenflow.algorithms.losses:"
 POLICY_LOSSES.add("ppo", _L + "ppo_clip", zero_at_zero_advantage=True)
-POLICY_LOSSES.add("gspo", _L + "gspo", zero_at_zero_advantage=True)
-POLICY_LOSSES.add("cispo", _L + "cispo", zero_at_zero_advantage=True)
+POLICY_LOSSES.add("gspo", _L + "gspo", zero_at_zero_advantage=True, sequence_ratio=True)
+POLICY_LOSSES.add("cispo", _L + "cispo", zero_at_zero_advantage=True, clips_weight=True)
 
 _G = "tokenflow.algorithms.aggregation:"
 AGGREGATIONS.add("token_mean", _G + "token_mean")

@@ -38,6 +38,20 @@ from typing import Literal
 
 import numpy as np
 
+CORRECT_REWARD = 0.5
+"""A sample is *correct* when its task reward is at least this: held-out accuracy
+(`tokenflow.evaluation`) and DAPO's dynamic sampling (`tokenflow.buffer`) count alike. For the
+0/1 rewards of verifiable tasks, correct means solved."""
+
+
+def task_reward(r: "Rollout") -> float | None:
+    """The task's reward of a scored sample before batch shaping (DAPO's overlong penalty keeps
+    the unshaped value in ``info["unshaped_reward"]``); None for a failed or unscored one."""
+    if r.failed or r.reward is None:
+        return None
+    return float(r.info.get("unshaped_reward", r.reward))
+
+
 FinishReason = Literal["stop", "length", "abort", "error", "max_turns", "token_limit", "context_length"]
 """"stop" / "length" / "abort" come from the engine (EOS or stop id or string / max_tokens or the
 context / a partial); "error" from a failed generation; "max_turns", "token_limit" and

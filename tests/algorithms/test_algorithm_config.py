@@ -30,7 +30,7 @@ def test_without_behaviour_logprobs_either_objective_is_accepted(objective):
     assert AlgorithmConfig(behaviour_logprobs=False).objective == "decoupled"
 
 
-@pytest.mark.parametrize("kwargs", [dict(clip_low=1.0), dict(tis_cap=0.0), dict(advantage="ppo"),
+@pytest.mark.parametrize("kwargs", [dict(clip_low=1.0), dict(tis_cap=-1.0), dict(advantage="ppo"),
                                     dict(gamma=1.5), dict(max_token_age=-1), dict(unknown_key=1)])
 def test_field_constraints(kwargs):
     with pytest.raises(ValidationError):
@@ -48,3 +48,20 @@ def test_one_line_choices_and_assignment_checks():
 def test_every_field_is_documented():
     for name, field in AlgorithmConfig.model_fields.items():
         assert field.description, name
+
+
+def test_tis_is_on_by_default_and_off_is_spelled_so_a_toml_file_keeps_it():
+    """The default bounds the behaviour weight (min(w, 2)); 0 turns TIS off, and None (Python)
+    becomes 0, so a resolved config written as TOML (which has no null) reads back the same."""
+    import tomllib
+
+    from tokenflow.config.loading import load_config, to_toml
+    from tokenflow.config.root import TrainConfig
+
+    assert AlgorithmConfig().tis_cap == 2.0
+    assert AlgorithmConfig(tis_cap=None).tis_cap == 0.0
+    cfg = load_config(TrainConfig, None, ["--algorithm.tis_cap", "0"])
+    again = TrainConfig.model_validate(tomllib.loads(to_toml(cfg)))
+    assert again.algorithm.tis_cap == 0.0 == cfg.algorithm.tis_cap
+    # Without behaviour log-probs the default cap is moot (w ≡ 1), not a refused config.
+    assert AlgorithmConfig(behaviour_logprobs=False).tis_cap == 2.0

@@ -25,7 +25,7 @@ def corr(cfg, adv=None, prox=None):
 
 
 def test_no_corrections_is_identity_for_direct():
-    c = corr(AlgorithmConfig(objective="direct"))
+    c = corr(AlgorithmConfig(objective="direct", tis_cap=None))
     assert c.weight.tolist() == [1.0] * 6 and c.keep.all()
     torch.testing.assert_close(torch.exp(c.log_w), W)
 
@@ -42,8 +42,11 @@ def test_tis_decoupled_weight_is_min_w_c():
     # Decoupled: w = π_prox/μ, here with π_prox = the same numbers as π_θ.
     c = corr(AlgorithmConfig(objective="decoupled", tis_cap=2.0), prox=LOGP)
     torch.testing.assert_close(c.weight, torch.clamp(W, max=2.0))
-    c = corr(AlgorithmConfig(objective="decoupled"), prox=LOGP)
-    torch.testing.assert_close(c.weight, W)  # untruncated importance weight
+    c = corr(AlgorithmConfig(objective="decoupled", tis_cap=None), prox=LOGP)
+    torch.testing.assert_close(c.weight, W)  # untruncated importance weight (TIS off)
+    # The default caps at 2.
+    torch.testing.assert_close(corr(AlgorithmConfig(objective="decoupled"), prox=LOGP).weight,
+                               torch.clamp(W, max=2.0))
     # Without π_prox given, it is π_θ's value (one optimizer step per batch): the same weights.
     torch.testing.assert_close(corr(AlgorithmConfig(objective="decoupled", tis_cap=2.0)).weight,
                                torch.clamp(W, max=2.0))
@@ -98,11 +101,11 @@ def test_direct_ratio_is_against_behaviour_and_decoupled_against_prox():
     adv = torch.ones(6, dtype=torch.float64)
     weights = token_weights("token_mean", MASK, SEQ, torch.tensor([3, 3]), GlobalCounts(6, 2)).double()
     common = dict(behaviour=BEHAVIOUR, advantages=adv, mask=MASK, weights=weights, seq_index=SEQ, num_seqs=2)
-    big = AlgorithmConfig(clip_low=0.99, clip_high=100.0, objective="direct")
+    big = AlgorithmConfig(clip_low=0.99, clip_high=100.0, objective="direct", tis_cap=None)
     direct = micro_batch_loss(big, TokenInputs(logprobs=LOGP, **common))
     assert direct.policy.item() == pytest.approx(-W.mean().item())  # −mean(ρ·A), ρ = w
     # Decoupled with π_prox = π_θ: ρ = 1, weight w → the same value, but through w, not ρ.
-    dec_cfg = AlgorithmConfig(clip_low=0.99, clip_high=100.0, objective="decoupled")
+    dec_cfg = AlgorithmConfig(clip_low=0.99, clip_high=100.0, objective="decoupled", tis_cap=None)
     logp = LOGP.clone().requires_grad_()
     dec = micro_batch_loss(dec_cfg, TokenInputs(logprobs=logp, prox=LOGP, **common))
     assert dec.policy.item() == pytest.approx(-W.mean().item())
@@ -125,7 +128,7 @@ def test_under_staleness_direct_clips_what_decoupled_trains():
     grads = {}
     for objective in ("direct", "decoupled"):
         logp = LOGP.clone().requires_grad_()
-        micro_batch_loss(AlgorithmConfig(objective=objective), TokenInputs(
+        micro_batch_loss(AlgorithmConfig(objective=objective, tis_cap=None), TokenInputs(
             logprobs=logp, behaviour=BEHAVIOUR, advantages=adv, mask=MASK, weights=weights, seq_index=SEQ,
             num_seqs=2)).policy.backward()
         grads[objective] = logp.grad

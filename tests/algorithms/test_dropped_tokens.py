@@ -28,7 +28,7 @@ TRAINER_VERSION = 5
 VERSIONS = [[5, 5, 3], [4, 5, 5]]  # token 2 is 2 versions old: rejected with max_token_age = 1
 
 # Wide clips, so PPO's clip never binds and the policy gradient is −ρ·A per token.
-WIDE = dict(clip_low=0.99, clip_high=100.0)
+WIDE = dict(clip_low=0.99, clip_high=100.0, tis_cap=None)  # no clip, no TIS: the drops alone
 
 # Which tokens each correction drops (derivations in the comments):
 DROPS = {

@@ -25,6 +25,9 @@ CASES = {
     # Groups 0 and 2 got equal rewards: their sequences are skipped (zero advantage) before the
     # ranks split the rest.
     "grpo_flat_groups": ({}, {"lr": 1e-3, "micro_batch_tokens": 40}, "flat"),
+    # PPO mini-batches: 2 × 2 optimizer steps per batch, π_prox from the first forward and a pass.
+    "ppo_mini_batches": ({"clip_low": 0.1, "clip_high": 0.1}, {"lr": 1e-2, "micro_batch_tokens": 40,
+                                                              "mini_batches": 2, "epochs": 2}, False),
 }
 STEPS = 2
 

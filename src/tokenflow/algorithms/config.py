@@ -49,17 +49,23 @@ class AlgorithmConfig(ConfigModel):
     1). Usual with GAE; REINFORCE++ does this by definition."""
 
     policy_loss: PolicyLossName = "ppo"
-    """"ppo" (clipped token ratio), "gspo" (clipped sequence ratio, geometric mean of the token
-    ratios) or "cispo" (clipped, stop-gradient ratio times log π_θ)."""
+    """"ppo" (clipped token ratio; the behaviour weight multiplies the loss outside the clip),
+    "gspo" (clipped sequence ratio, the geometric mean of the token ratios; the behaviour weight
+    is per sequence too) or "cispo" (−sg(clip(r))·A·log π_θ, r the whole importance weight: the
+    behaviour weight goes inside the clip). docs/algorithms.md, "Policy losses"."""
 
     objective: Literal["direct", "decoupled"] = "decoupled"
-    """Which ratio is clipped. "decoupled" (AReaL): ρ = π_θ/π_prox, the trust region around the
-    weights at the start of the step, and each token's loss is multiplied by the detached
-    behaviour weight w = π_prox/μ (truncated by tis_cap). "direct": ρ = π_θ/μ, clipped against
-    the engine's behaviour log-probs, so under staleness the clip also cuts the gradient of tokens
-    whose probability moved while the rollout waited (docs/algorithms.md, "Why decoupled is the
-    default"). Neither needs an extra forward pass: one train_step is one optimizer step, so
-    π_prox is the step's own forward, detached (a stochastic forward, LoRA dropout, gets a pass)."""
+    """Which ratio is clipped. "decoupled" (AReaL): ρ = π_θ/π_prox, π_prox being the policy before
+    the batch's first optimizer step, and each token's loss is multiplied by the detached
+    behaviour weight w = π_prox/μ, truncated to min(w, tis_cap). With one optimizer step per
+    batch (trainer.mini_batches = trainer.epochs = 1, the default) ρ ≡ 1 where the gradient is
+    taken, so the clip never binds and PPO is −min(w, C)·A·log π_θ in gradient; the clip is a
+    trust region around the batch's starting policy from its second optimizer step on.
+    "direct": ρ = π_θ/μ, clipped against the engine's behaviour log-probs at every step, so
+    under staleness the clip also cuts the gradient of tokens whose probability moved while the
+    rollout waited (docs/algorithms.md, "Why decoupled is the default"). π_prox costs no pass
+    where a forward at its weights is deterministic (the first step's); a stochastic forward
+    (dropout, router jitter) and later mini-batches get a no-grad pass in eval mode."""
 
     behaviour_logprobs: bool = True
     """The engine records per-token behaviour log-probs. Set false for an engine that cannot;
@@ -67,10 +73,13 @@ class AlgorithmConfig(ConfigModel):
     both objectives are the same (ρ = π_θ/π_prox, no weight)."""
 
     clip_low: float = Field(default=0.2, ge=0, lt=1)
-    """ε_low: the ratio is clipped below at 1 − clip_low."""
+    """ε_low: the ratio (CISPO: the importance weight) is clipped below at 1 − clip_low. Under the
+    decoupled objective with one optimizer step per batch PPO's and GSPO's ratio is 1, so the
+    clip acts only from a batch's second step (trainer.mini_batches, trainer.epochs)."""
 
     clip_high: float = Field(default=0.2, ge=0)
-    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    """ε_high: the ratio (CISPO: the importance weight) is clipped above at 1 + clip_high (DAPO's
+    clip-higher: 0.28)."""
 
     aggregation: AggregationName = "token_mean"
     """How token losses become one number, with the normaliser over the whole step's batch:
@@ -82,9 +91,13 @@ class AlgorithmConfig(ConfigModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     """The constant length in Dr. GRPO's normaliser; required by aggregation="dr_grpo_constant"."""
 
-    tis_cap: float | None = Field(default=None, gt=0)
-    """Truncated importance sampling: cap C on the behaviour weight w, used as min(w, C),
-    detached. None turns TIS off."""
+    tis_cap: float | None = Field(default=2.0, ge=0)
+    """Truncated importance sampling: cap C on the behaviour weight w = π_prox/μ (decoupled) or
+    π_θ/μ (direct), used as min(w, C), detached. The default 2 bounds the weight every token's
+    loss is multiplied by (uncapped, w reached 318 in 20-step runs of the default workload at
+    staleness 2, and truncation cost no accuracy; docs/algorithms.md, "A bounded behaviour
+    weight"). 0 turns TIS off (None does too, from Python; TOML has no null). Ignored without
+    behaviour log-probs (w ≡ 1 there)."""
 
     is_mask_low: float | None = Field(default=None, ge=0)
     """IS masking: drop tokens whose behaviour weight w is below this. None = no lower bound."""
@@ -130,20 +143,26 @@ class AlgorithmConfig(ConfigModel):
     """PPO value clipping: V is kept within ± this of the value before the step. None = off."""
 
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: a group whose scored samples all got the same reward (so every
-    group-relative advantage in it is 0) is dropped when it is scored, and admission refills the
-    step with new prompts, so every batch is full of groups that carry signal. Counted per step
-    as ``rollout/dropped_groups``. Meant for group-baseline estimators (grpo, dr_grpo, rloo)."""
+    """DAPO's dynamic sampling: a group is kept iff 0 < #correct < G, G being its scored samples
+    and correct a task reward ≥ 0.5 before shaping (the threshold of held-out accuracy,
+    ``tokenflow.rollout.CORRECT_REWARD``). An all-correct or all-wrong group is dropped when it is
+    scored, and admission refills the step with new prompts, so every batch is full of groups
+    that carry signal. Counted per step as ``rollout/dropped_groups``. A graded reward's
+    differences among all-wrong (or all-correct) samples are dropped with their group, as DAPO
+    defines it."""
 
     dynamic_sampling_max_batches: int = Field(default=10, ge=1)
     """Guard for dynamic sampling: at most this many × rollout.prompts_per_step groups are
-    dropped between two consecutive batches; past that, equal-reward groups are kept (with a
-    warning) until the next batch is taken, so a solved or hopeless task cannot stall the run."""
+    dropped between two consecutive batches; past that, all-correct and all-wrong groups are kept
+    (with a warning) until the next batch is taken, so a solved or hopeless task cannot stall
+    the run."""
 
     overlong_buffer_tokens: int | None = Field(default=None, ge=1)
     """DAPO's soft overlong punishment: the last this-many tokens before sampling.max_tokens
     (L_cache). A training completion longer than max_tokens − L_cache gets a penalty growing
-    linearly to −overlong_penalty at max_tokens, added to its reward. None turns it off."""
+    linearly to −overlong_penalty at max_tokens, added to its reward. Multi-turn rollouts: the
+    length is each model turn's (max_tokens bounds a turn; environment tokens never count) and
+    the episode gets its worst turn's penalty. None turns it off."""
 
     overlong_penalty: float = Field(default=1.0, gt=0)
     """The overlong penalty at max_tokens (DAPO uses 1, the size of its ±1 reward)."""
@@ -166,6 +185,12 @@ class AlgorithmConfig(ConfigModel):
         AGGREGATIONS.entry(v)
         return v
 
+    @field_validator("tis_cap")
+    @classmethod
+    def _tis_off(cls, v: float | None) -> float:
+        # One spelling of "off" that a TOML file (and so a resumed run's config.toml) can hold.
+        return 0.0 if v is None else v
+
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
         # What each chosen component refuses is declared with it (its registry entry's check).
@@ -184,8 +209,9 @@ class AlgorithmConfig(ConfigModel):
             )
         if not self.behaviour_logprobs:
             # Either objective is fine: without μ both clip π_θ/π_prox and no weight applies.
+            # TIS is on by default; only a cap the config sets explicitly is refused.
             needs = [n for n in ("tis_cap", "is_mask_low", "is_mask_high", "opsm_delta")
-                     if getattr(self, n) is not None]
+                     if getattr(self, n) is not None and (n != "tis_cap" or (self.tis_cap and n in self.model_fields_set))]
             if needs:
                 raise ValueError(
                     f"algorithm.{', algorithm.'.join(needs)} need(s) the engine's behaviour "
@@ -236,6 +262,7 @@ class AlgorithmConfig(ConfigModel):
     @property
     def needs_prox_pass(self) -> bool:
         """Whether the loss reads π_prox (the decoupled objective, or no behaviour log-probs).
-        The trainer reads it off the step's own forward when it can (``Trainer.prox_from_forward``)
-        and runs a no-grad pass before the step otherwise."""
+        The trainer reads it off the first optimizer step's forward when it can
+        (``Trainer.prox_from_forward``) and runs a no-grad pass before the batch's updates for
+        the rest."""
         return self.objective == "decoupled" or not self.behaviour_logprobs

@@ -1,9 +1,11 @@
 """Per-token policy and value losses (lower is better). Aggregation happens elsewhere.
 
 Every policy loss takes ``old_logprobs``: the log-probs its ratio is taken against. That is the
-behaviour log-prob log μ for the direct objective and log π_prox for the decoupled one (see
-:mod:`tokenflow.algorithms.objective`). The per-token ratio is ρ_t = exp(log π_θ − old), with
-the log-ratio clamped to ±20 so a very stale token cannot overflow.
+behaviour log-prob log μ for the direct objective and log π_prox for the decoupled one; for a
+loss that clips the importance weight itself (CISPO) the objective passes old − log ŵ, so that
+the ratio is the whole corrected weight (see :mod:`tokenflow.algorithms.objective`). The
+per-token ratio is ρ_t = exp(log π_θ − old), with the log-ratio clamped to ±20 so a very stale
+token cannot overflow.
 
 Each function returns ``(loss, clipped)``: the per-token loss and a bool tensor marking tokens
 where the clip was active (the token gets no gradient from the ratio for PPO/GSPO, or a clipped

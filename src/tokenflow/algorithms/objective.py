@@ -2,13 +2,29 @@
 
 Pure tensor code with no model in sight, so every piece is testable on hand-made numbers. The
 trainer calls :func:`micro_batch_loss` once per packed micro-batch and backpropagates the result;
-the per-token aggregation weights already carry the whole step's normaliser, so the micro-batch
-losses sum to the step's loss.
+the per-token aggregation weights already carry the normaliser of the optimizer step's
+(mini-)batch, so the micro-batch losses sum to that step's loss.
 
-The ratio each objective clips (``old`` below):
+The ratio each objective clips (``old`` below), and where the behaviour weight w sits:
 
-* direct:    ρ = π_θ / μ,      token loss = policy_loss(ρ) · correction factor
-* decoupled: ρ = π_θ / π_prox, token loss = policy_loss(ρ) · w, w = π_prox/μ corrected (TIS)
+* direct:    ρ = π_θ / μ,      token loss = policy_loss(ρ) · TIS factor min(1, C/w)
+* decoupled: ρ = π_θ / π_prox, token loss = policy_loss(ρ) · ŵ,  ŵ = min(w, C), w = π_prox/μ
+
+π_prox is the policy before the batch's first optimizer step, so ρ ≡ 1 at the first step and
+the clip binds only from a batch's second optimizer step on (``trainer.mini_batches`` /
+``trainer.epochs``); at one step per batch the decoupled loss is −ŵ·A·log π_θ in gradient.
+
+Per policy loss (registry properties, :data:`tokenflow.registry.POLICY_LOSSES`):
+
+* ``ppo``: the token ratio, clipped; the weight multiplies the loss outside the clip.
+* ``gspo`` (``sequence_ratio``): the ratio is the sequence's geometric mean
+  s_i = exp(mean_t log ρ_t), clipped; the weight outside the clip is the sequence's geometric
+  mean too (w_i = exp(mean_t log w_t), TIS-capped), so decoupled GSPO's s_i·w_i is direct GSPO's
+  sequence ratio against μ.
+* ``cispo`` (``clips_weight``): CISPO clips the importance weight it trains with, so the
+  corrected weight goes *inside* the clip: the loss is −sg(clip(ρ·ŵ))·A·log π_θ (decoupled:
+  ρ·ŵ = (π_θ/π_prox)·min(π_prox/μ, C), i.e. π_θ/μ without TIS; direct: min(π_θ/μ, C)), and
+  nothing multiplies it afterwards.
 
 Loss terms, each already aggregated and scaled, so that total = policy + kl + entropy + value:
 ``policy``, ``kl`` = kl_coef·KL, ``entropy_bonus`` = −entropy_coef·H, ``value`` =
@@ -52,9 +68,9 @@ class TokenInputs:
     """Sequence of each token, 0..num_seqs-1 within the micro-batch."""
     num_seqs: int
     prox: torch.Tensor | None = None
-    """log π_prox(a_t), detached (decoupled objective, or no behaviour log-probs). With the
-    decoupled objective and behaviour log-probs, None means ``logprobs`` detached: the step's
-    forward ran with the start-of-step weights."""
+    """log π_prox(a_t), detached: the policy before the batch's first optimizer step (decoupled
+    objective, or no behaviour log-probs). With the decoupled objective and behaviour log-probs,
+    None means ``logprobs`` detached: the caller forwarded with the weights π_prox names."""
     entropy: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -74,8 +90,7 @@ class LossTerms:
 def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | None = None) -> LossTerms:
     """Assemble the configured loss for one micro-batch; add its statistics to ``stats``."""
     if cfg.behaviour_logprobs and cfg.objective == "decoupled" and t.prox is None:
-        # One optimizer step per batch: π_prox, the weights at the start of the step, are the
-        # weights this forward ran with (Trainer.prox_from_forward).
+        # The caller forwarded with π_prox's weights (the batch's first optimizer step).
         t = dataclasses.replace(t, prox=t.logprobs.detach())
     if cfg.behaviour_logprobs:
         old = t.prox if cfg.objective == "decoupled" else t.behaviour
@@ -84,14 +99,20 @@ def micro_batch_loss(cfg: AlgorithmConfig, t: TokenInputs, stats: Accumulator | 
     if old is None:
         raise ValueError(f"objective {cfg.objective!r} needs π_prox log-probs (a prox pass)")
     behaviour = t.behaviour if cfg.behaviour_logprobs else t.prox
+    props = POLICY_LOSSES.props(cfg.policy_loss)
     corr = apply_corrections(cfg, logprobs=t.logprobs, behaviour=behaviour, prox=t.prox,
-                             adv=t.advantages, mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
+                             adv=t.advantages, mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs,
+                             sequence_weight=bool(props["sequence_ratio"]))
+    ratio_old, after = old, corr.weight
+    if props["clips_weight"]:
+        # The corrected weight goes into the clipped ratio: exp(log π_θ − (old − log ŵ)) = ρ·ŵ.
+        ratio_old, after = old - torch.log(corr.weight), torch.ones_like(corr.weight)
     pg, clipped = POLICY_LOSSES.get(cfg.policy_loss)(
-        t.logprobs, old, t.advantages, cfg.clip_low, cfg.clip_high,
+        t.logprobs, ratio_old, t.advantages, cfg.clip_low, cfg.clip_high,
         mask=t.mask, seq_index=t.seq_index, num_seqs=t.num_seqs)
     # One weight for every term: dropped tokens leave the KL, entropy and value terms too.
     w = t.weights * corr.keep
-    policy = aggregate(pg * corr.weight, w)
+    policy = aggregate(pg * after, w)
     zero = policy.new_zeros(())
     kl_term, ent_term, val_term = zero, zero, zero
     kl = None
@@ -126,6 +147,7 @@ def _record(stats: Accumulator, t: TokenInputs, old, corr, clipped, kl, terms: L
     stats.add("sum/w", w.sum())
     stats.lo("min/w", w.min())
     stats.hi("max/w", w.max())
+    stats.hi("max/used_w", corr.used_w[m].max())
     stats.add("sum/tis_clipped", corr.tis_clipped[m].sum())
     stats.add("sum/is_masked", corr.is_masked[m].sum())
     stats.add("sum/opsm_dropped", corr.opsm_dropped[m].sum())

@@ -36,6 +36,16 @@ class Accumulator:
         v = _detach(value)
         self._maxs[name] = v if name not in self._maxs else _pairwise(max, torch.maximum, self._maxs[name], v)
 
+    def merge(self, other: "Accumulator") -> None:
+        """Add ``other``'s sums and fold in its minima and maxima (one optimizer step's
+        statistics into its batch's)."""
+        for k, v in other._sums.items():
+            self.add(k, v)
+        for k, v in other._mins.items():
+            self.lo(k, v)
+        for k, v in other._maxs.items():
+            self.hi(k, v)
+
     def __contains__(self, name: str) -> bool:
         return name in self._sums
 

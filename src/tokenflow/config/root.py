@@ -73,6 +73,11 @@ class TrainConfig(ConfigModel):
                 f"rollout.prompts_per_step × rollout.group_size ({want}); set only the rollout section")
         # Derived, not duplicated: the trainer's batch is the rollout section's step.
         object.__setattr__(self.trainer, "rollouts_per_step", want)
+        if self.trainer.mini_batches > want:
+            raise ValueError(
+                f"trainer.mini_batches ({self.trainer.mini_batches}) exceeds the rollouts of one batch "
+                f"(rollout.prompts_per_step × rollout.group_size = {want}): a mini-batch needs at least one "
+                "rollout; lower trainer.mini_batches or raise rollout.prompts_per_step")
         if self.sync.every > self.rollout.max_staleness + 1:
             raise ValueError(
                 f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
@@ -100,8 +105,8 @@ class TrainConfig(ConfigModel):
                 f"({self.sampling.max_tokens}): the penalty zone must lie within the completion length")
         if alg.dynamic_sampling and self.scorer.any_token_scorer:
             raise ValueError(
-                "algorithm.dynamic_sampling drops groups whose outcome rewards are equal, but the scorer "
-                "section adds per-token rewards, which give such groups a signal of their own; turn one off")
+                "algorithm.dynamic_sampling drops groups whose samples are all correct or all wrong, but the "
+                "scorer section adds per-token rewards, which give such groups a signal of their own; turn one off")
         if self.algorithm.aggregation == "dr_grpo_constant" and self.algorithm.max_completion_tokens is None:
             object.__setattr__(self.algorithm, "max_completion_tokens", self.sampling.max_tokens)
         return self

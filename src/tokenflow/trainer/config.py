@@ -26,13 +26,15 @@ class TrainerConfig(ConfigModel):
     """AdamW decoupled weight decay, applied to matrices only (not to biases or norm scales)."""
 
     warmup_steps: int = Field(default=0, ge=0)
-    """Optimizer steps of linear warmup; the first step runs at lr / warmup_steps."""
+    """Batches (policy versions) of linear warmup; the first batch runs at lr / warmup_steps. The
+    schedule steps once per batch: every optimizer step of a batch (``mini_batches`` ×
+    ``epochs``) uses that batch's lr."""
 
     schedule: Literal["constant", "cosine"] = "constant"
     """After warmup: stay at lr, or decay along a cosine to lr × min_lr_ratio at total_steps."""
 
     total_steps: int | None = Field(default=None, ge=1)
-    """Optimizer steps of the whole run; required by the cosine schedule."""
+    """Batches (policy versions) of the whole run; required by the cosine schedule."""
 
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Cosine floor as a fraction of lr."""
@@ -41,8 +43,22 @@ class TrainerConfig(ConfigModel):
     """Clip the global gradient norm to this; None disables clipping (the norm is still logged)."""
 
     rollouts_per_step: int = Field(default=64, ge=1)
-    """Batch size in rollouts per optimizer step: what the runtime hands to each train_step.
+    """Batch size in rollouts per policy version: what the runtime hands to each train_step.
     The trainer accumulates gradients over as many micro-batches as those rollouts need."""
+
+    mini_batches: int = Field(default=1, ge=1)
+    """PPO mini-batches per rollout batch (verl's and OpenRLHF's ``ppo_mini_batch_size``, given
+    as a count): the batch's trained sequences are split in order into this many parts and each
+    part is one optimizer step, its loss normalised over the part. π_prox (the decoupled
+    objective's anchor) and V_old (the value clip's) are the policy before the batch's first
+    step, so the clip around them binds from the second step on; with one step per batch the
+    decoupled objective clips nothing (docs/algorithms.md, "One batch, several optimizer
+    steps"). The policy version still counts batches (one weight push each)."""
+
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the batch's mini-batches (PPO epochs; TRL's ``num_iterations``, verl's
+    ``ppo_epochs``): ``mini_batches × epochs`` optimizer steps per batch, logged as
+    ``optim/steps``."""
 
     micro_batch_tokens: int = Field(default=8192, ge=1)
     """Token budget of one micro-batch: packed rows stacked up to rows × widest row ≤ this."""

@@ -10,7 +10,8 @@ reduce gradients by SUM (the divide factor is set to 1 on every FSDP unit).
 
 FSDP collectives run in every forward and backward, so every rank must run the same number of
 them: ranks with fewer micro-batches run padding micro-batches (one token, loss × 0) until all
-ranks have run as many as the busiest one. Step statistics are summed (minima/maxima reduced)
+ranks have run as many as the busiest one. Mini-batches (``trainer.mini_batches``) are split from
+the whole batch, the same on every rank, before each rank takes its share of each. Step statistics are summed (minima/maxima reduced)
 across ranks before the metrics are formed; the gradient norm used for clipping is global.
 
 Weights leave the trainer through ``named_weights()``, which gathers one full tensor at a time
@@ -105,7 +106,6 @@ class FSDPTrainer(Trainer):
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
                                            eps=config.adam_eps)
         self.scheduler = build_scheduler(self.optimizer, config)
-        self._acc = None
 
     @property
     def is_writer(self) -> bool:
@@ -130,10 +130,9 @@ class FSDPTrainer(Trainer):
                 (logps if kind == "lp" else values)[int(i)] = arr
         return logps, values
 
-    def _accumulate(self, mb, adv, prox, old_values, counts, acc) -> None:
-        self._acc = acc
+    def _accumulate(self, mb, adv, prox, old_values, counts, acc, **kw) -> None:
         if not getattr(mb, "padding", False):
-            return super()._accumulate(mb, adv, prox, old_values, counts, acc)
+            return super()._accumulate(mb, adv, prox, old_values, counts, acc, **kw)
         logits, hidden = self.runner(mb, want_hidden=self.value_head is not None)
         zero = logits.float().sum() * 0.0
         if self.value_head is not None:
@@ -141,7 +140,6 @@ class FSDPTrainer(Trainer):
         zero.backward()
 
     def train_step(self, rollouts, *, global_counts=None) -> dict[str, float]:
-        self._acc = None
         metrics = super().train_step(rollouts, global_counts=global_counts)
         local = torch.tensor([metrics["perf/train_tokens"], metrics["perf/micro_batches"]],
                              dtype=torch.float64, device=self.device)
@@ -153,8 +151,9 @@ class FSDPTrainer(Trainer):
 
     # ---- the optimizer step: global statistics, global norm ---------------------------------
     def _optimizer_step(self) -> tuple[float, float, bool]:
-        if self._acc is not None:
-            reduce_accumulator(self._acc, self.group, self.device)
+        # This optimizer step's statistics (``Trainer._step_acc``), summed over the ranks once.
+        if self._step_acc is not None:
+            reduce_accumulator(self._step_acc, self.group, self.device)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         replicated = [p for p in params if not isinstance(p.grad, DTensor)]  # the value head
         for p in replicated:
@@ -177,7 +176,6 @@ class FSDPTrainer(Trainer):
         skipped = not math.isfinite(norm)
         if not skipped:
             self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm, lr, skipped
 

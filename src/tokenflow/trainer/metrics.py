@@ -1,14 +1,24 @@
-"""The metrics one optimizer step reports, under stable namespaced keys.
+"""The metrics one rollout batch (one ``train_step``, one policy version) reports, under stable
+namespaced keys. A batch is ``optim/steps`` = mini_batches × epochs optimizer steps (1 by
+default); a token mean is over every (loss token, optimizer step) pair of the batch.
 
-``loss/*``     the step's loss terms (total = policy + kl + entropy_bonus + value), aggregated
-               with the configured normaliser over the whole step's batch;
+``loss/*``     the loss terms (total = policy + kl + entropy_bonus + value), each step's
+               aggregated with the configured normaliser over its (mini-)batch, averaged over
+               the batch's steps;
 ``policy/*``   approx-KL (k3 of the clipped ratio, i.e. against μ for the direct objective and
-               π_prox for the decoupled one), clip fraction, entropy (nats), KL to the reference;
-``optim/*``    pre-clip gradient norm, learning rate used by this step;
-``offpolicy/*`` behaviour weight w = π/μ (mean/min/max), fractions of loss tokens clipped by
-               TIS, masked by IS masking, dropped by OPSM, rejected for age (of all
-               model-generated tokens), token age in optimizer steps, and the on-policy
-               engine-vs-trainer mismatch over tokens whose version equals the trainer's;
+               π_prox for the decoupled one), clip fraction (tokens where the clip was active:
+               PPO/GSPO's clipped branch taken, CISPO's weight outside its range), entropy
+               (nats), KL to the reference. Decoupled with one step per batch: ρ ≡ 1, so
+               approx_kl and clip_frac are 0 (CISPO's clip_frac then counts behaviour weights
+               outside its range);
+``optim/*``    pre-clip gradient norm (mean and max over the steps), learning rate, steps
+               skipped for a non-finite gradient, optimizer steps;
+``offpolicy/*`` behaviour weight w = π/μ (mean/min/max; π = π_prox for decoupled, π_θ for
+               direct), the largest weight the loss used (``is_weight_max``: min(w, tis_cap),
+               per sequence for GSPO), fractions of loss tokens clipped by TIS, masked by IS masking, dropped
+               by OPSM, rejected for age (of all model-generated tokens), token age in policy
+               versions, and the on-policy engine-vs-trainer mismatch over tokens whose version
+               equals the trainer's, scored with the batch's starting weights (each token once);
 ``routing/disagreement`` (mixture-of-experts rollouts with a routing record) the share of
                (token, sparse layer) pairs whose top-k expert set differs between the engine's
                record and the trainer's own router (before any Keep Routing replay);
@@ -38,23 +48,20 @@ def age_stats(seqs: list[TrainSequence], trainer_version: int) -> dict[str, floa
     }
 
 
-def step_metrics(acc: Accumulator, *, grad_norm: float, lr: float, skipped: bool) -> dict[str, float]:
+def step_metrics(acc: Accumulator, optim: dict[str, float]) -> dict[str, float]:
+    """``acc``: every step's sums; ``optim``: :meth:`tokenflow.trainer.updates.StepLog.metrics`."""
     r = acc.ratio
+    steps = max(optim["optim/steps"], 1.0)
     m = {
-        "loss/total": acc.get("loss/total"),
-        "loss/policy": acc.get("loss/policy"),
-        "loss/kl": acc.get("loss/kl"),
-        "loss/entropy_bonus": acc.get("loss/entropy_bonus"),
-        "loss/value": acc.get("loss/value"),
+        **{f"loss/{k}": acc.get(f"loss/{k}") / steps for k in ("total", "policy", "kl", "entropy_bonus", "value")},
         "policy/approx_kl": r("sum/approx_kl", "n/tokens"),
         "policy/clip_frac": r("sum/clipped", "n/tokens"),
         "policy/entropy": r("sum/entropy", "n/tokens"),
-        "optim/grad_norm": grad_norm,
-        "optim/lr": lr,
-        "optim/skipped": float(skipped),
+        **optim,
         "offpolicy/is_ratio_mean": r("sum/w", "n/tokens", 1.0),
         "offpolicy/is_ratio_min": acc.min("min/w", 1.0),
         "offpolicy/is_ratio_max": acc.max("max/w", 1.0),
+        "offpolicy/is_weight_max": acc.max("max/used_w", 1.0),
         "offpolicy/tis_clipped_frac": r("sum/tis_clipped", "n/tokens"),
         "offpolicy/is_masked_frac": r("sum/is_masked", "n/tokens"),
         "offpolicy/opsm_dropped_frac": r("sum/opsm_dropped", "n/tokens"),

@@ -163,3 +163,33 @@ def frozen_copy(model):
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+# Config keys whose positive value makes a train-mode forward random (dropout of any kind, and
+# Mixtral-style router jitter); transformers spells them attention_dropout, hidden_dropout,
+# resid_pdrop, embd_pdrop, attn_pdrop, activation_dropout, router_jitter_noise, ...
+_NOISE_SUFFIXES = ("dropout", "pdrop", "jitter_noise")
+
+
+def stochastic_parts(model) -> list[str]:
+    """What makes ``model``'s train-mode forward random: positive dropout / jitter values in its
+    config (nested configs included) and dropout modules with p > 0 (LoRA dropout, a value
+    head's). Empty for a deterministic forward. Conservative: a key that a model never reads
+    only costs the trainer an extra no-grad pass."""
+    found: list[str] = []
+
+    def scan(cfg: dict, prefix: str) -> None:
+        for key, value in cfg.items():
+            if isinstance(value, dict):
+                scan(value, f"{prefix}{key}.")
+            elif (str(key).endswith(_NOISE_SUFFIXES) and isinstance(value, (int, float))
+                  and not isinstance(value, bool) and value > 0):
+                found.append(f"config.{prefix}{key} = {value}")
+
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        scan(config.to_dict(), "")
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            found.append(f"{name or 'model'} (dropout p = {module.p})")
+    return found

@@ -1,22 +1,24 @@
-"""The single-process trainer: rollouts in, one optimizer step out, policy version + 1.
+"""The single-process trainer: a rollout batch in, its optimizer steps out, policy version + 1.
 
 One ``train_step``::
 
     rollouts ─ drop failed ─► TrainSequences ─► [no-grad pass: π_prox, V_old] ─► advantages
-        ─► pack into micro-batches ─► per micro-batch: forward → loss → backward (accumulate)
-        ─► clip grad norm ─► AdamW step ─► LR schedule step ─► version += 1
+        ─► split into mini-batches (trainer.mini_batches; 1 by default)
+        ─► epochs × per mini-batch: pack into micro-batches ─► per micro-batch: forward → loss
+           → backward (accumulate) ─► clip grad norm ─► AdamW step
+        ─► LR schedule step ─► version += 1
 
-Every loss term is normalised over the whole step's batch before any backward
-(:class:`GlobalCounts`), so accumulating over micro-batches gives exactly the full-batch
-gradient. A data-parallel trainer passes counts summed over ranks as ``global_counts``; the
-per-rank losses then *sum* to the global loss (reduce gradients with a sum, not a mean).
+Every loss term is normalised over its mini-batch before any backward (:class:`GlobalCounts`),
+so accumulating over micro-batches gives exactly the mini-batch's gradient. A data-parallel
+trainer passes counts summed over ranks as ``global_counts``; the per-rank losses then *sum* to
+the global loss (reduce gradients with a sum, not a mean). Mini-batches, π_prox and versions:
+:mod:`tokenflow.trainer.updates`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -38,9 +40,17 @@ from tokenflow.trainer.config import TrainerConfig, check_compatible
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
-from tokenflow.trainer.model import CausalLMRunner, enable_checkpointing, frozen_copy, load_causal_lm, use_fp32_lm_head
+from tokenflow.trainer.model import (
+    CausalLMRunner,
+    enable_checkpointing,
+    frozen_copy,
+    load_causal_lm,
+    stochastic_parts,
+    use_fp32_lm_head,
+)
 from tokenflow.trainer.policy_weights import PolicyWeights
 from tokenflow.trainer.schedule import build_scheduler
+from tokenflow.trainer.updates import MiniBatch, NoGradPasses, StepLog, split
 from tokenflow.trainer.value_head import ValueHead
 
 log = logging.getLogger(__name__)
@@ -54,9 +64,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class Trainer(PolicyWeights):
+def store_per_seq(per_seq: list[np.ndarray], mb: MicroBatch, values: torch.Tensor) -> None:
+    """Write a micro-batch's flat per-target ``values`` back per rollout (``per_token``'s inverse)."""
+    bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
+    flat = values.float().cpu().numpy()
+    for k, s in enumerate(mb.seqs):
+        per_seq[s.index] = flat[bounds[k]:bounds[k + 1]]
+
+
+class Trainer(NoGradPasses, PolicyWeights):
     """Owns the policy (trained in place), optional value head and reference, AdamW and the LR
-    schedule. ``version`` counts optimizer steps applied, starting from ``version``."""
+    schedule. ``version`` counts rollout batches trained (policy versions, one weight push
+    each), starting from ``version``; a batch is ``mini_batches × epochs`` optimizer steps."""
 
     def __init__(self, model, config: TrainerConfig, algorithm: AlgorithmConfig, *,
                  version: int = 0, tokenizer=None) -> None:
@@ -85,6 +104,12 @@ class Trainer(PolicyWeights):
 
             self.model = add_lora(self.model, config)
         self.model.train()
+        self.stochastic = stochastic_parts(self.model)
+        """What makes the train-mode forward random (dropout, router jitter); empty if nothing."""
+        if self.stochastic:
+            log.info("the policy's forward is stochastic (%s): π_prox comes from a no-grad pass in eval mode",
+                     ", ".join(self.stochastic))
+        self._step_acc = None
         # After the reference copy: hooks would be copied along, and the reference routes itself.
         self.routing = RoutingReplay(self.model, replay=config.keep_routing)
         if config.keep_routing and not self.routing:
@@ -113,55 +138,78 @@ class Trainer(PolicyWeights):
             groups.append({"params": list(self.value_head.parameters()), "lr": lr, "weight_decay": 0.0})
         return [g for g in groups if g["params"]]
 
-    # ----------------------------------------------------------------------------- one step
+    # ----------------------------------------------------------------------------- one batch
 
     def train_step(self, rollouts: list[Rollout], *, global_counts: GlobalCounts | None = None) -> dict[str, float]:
-        """One optimizer step over exactly ``rollouts``; returns the step's metrics.
+        """One rollout batch: ``trainer.mini_batches × trainer.epochs`` optimizer steps over
+        exactly ``rollouts`` (one by default), then ``version += 1``; returns the batch's metrics.
 
         Failed rollouts are dropped first (their groups become ragged). ``global_counts``
         replaces the locally counted loss tokens and sequences in the aggregation normaliser; a
         data-parallel caller passes the counts summed over ranks, and then ``loss/*`` are this
-        rank's shares of the global loss.
+        rank's shares of the global loss (one mini-batch only).
         """
         start = time.perf_counter()
-        alg = self.algorithm
+        alg, c = self.algorithm, self.config
         live = [r for r in rollouts if not r.failed]
         seqs = self._sequences(live)
+        multi = c.mini_batches * c.epochs > 1
+        # π_prox, the policy before the batch's first step: from a no-grad pass, except where a
+        # forward at those weights gives it exactly (``prox_from_forward``): the first step's
+        # forward for its part (and the only step's for all of it).
+        fill = alg.needs_prox_pass and self.prox_from_forward
         # GAE needs V_old before the advantages; otherwise π_prox is needed only for the
         # sequences that are trained, which are known once the advantages are.
         values_first = self.value_head is not None
-        prox, old_values = self._no_grad_pass(seqs, len(live)) if values_first else (None, None)
+        prox, old_values = None, None
+        if values_first:
+            prox, old_values = self._no_grad_pass(seqs, len(live), want_prox=alg.needs_prox_pass and (multi or not fill))
         kl_rewards, kl_metrics = self._kl_rewards(live, seqs)
         adv = compute_advantages(live, alg, old_values, kl_rewards)
         train = [s for s in seqs if s.num_loss_tokens > 0]
-        # The normaliser counts every sequence with loss tokens, skipped or not: that keeps each
-        # trained token's weight, hence the gradient, what it would be without the skip.
-        counts = global_counts or GlobalCounts(sum(s.num_loss_tokens for s in train), len(train))
-        train, skipped = self._skip_inert(train, adv)
-        if not values_first:
-            prox, _ = self._no_grad_pass(train, len(live))
-        acc = Accumulator()
-        batches = self._micro_batches(train)
-        for mb in batches:
-            self._accumulate(mb, adv, prox, old_values, counts, acc)
-        if skipped and not batches:
-            self._zero_grads()  # as the full batch would have: a zero gradient, and AdamW still steps
-        elif not batches:
-            log.warning("train_step: no loss tokens among %d rollouts (%d failed); no update",
-                        len(rollouts), len(rollouts) - len(live))
-        grad_norm, lr, opt_skipped = self._optimizer_step()
-        metrics = step_metrics(acc, grad_norm=grad_norm, lr=lr, skipped=opt_skipped)
+        # Each normaliser counts every sequence of its part with loss tokens, skipped or not:
+        # that keeps each trained token's weight, hence the gradient, what it would be without
+        # the skip.
+        minis = [MiniBatch(counts, *self._skip_inert(part, adv)) for part, counts in
+                 split(train, c.mini_batches, global_counts)]
+        if prox is None and alg.needs_prox_pass and (multi or not fill):
+            later = [s for m in (minis[1:] if fill else minis) for s in m.train]
+            prox = (self._no_grad_pass(later, len(live), want_prox=True)[0] if later
+                    else [np.zeros(0, dtype=np.float32)] * len(live))
+        acc, log_ = Accumulator(), StepLog()
+        forwarded = n_micro = 0
+        for epoch in range(c.epochs):
+            for k, mini in enumerate(minis):
+                step_acc = Accumulator()
+                batches = self._micro_batches(mini.train)
+                first = epoch == 0 and k == 0
+                for mb in batches:
+                    self._accumulate(mb, adv, prox, old_values, mini.counts, step_acc,
+                                     fill_prox=first and fill, at_start=first, record=epoch == 0)
+                if mini.skipped and not batches:
+                    self._zero_grads()  # as the full part would have: a zero gradient, and AdamW still steps
+                elif not batches and first:
+                    log.warning("train_step: no loss tokens among %d rollouts (%d failed); no update",
+                                len(rollouts), len(rollouts) - len(live))
+                self._step_acc = step_acc  # what a sharded trainer reduces across ranks
+                log_.add(*self._optimizer_step())
+                acc.merge(step_acc)
+                forwarded += sum(mb.num_tokens for mb in batches)
+                n_micro += len(batches)
+        self.scheduler.step()  # once per batch: the schedule counts policy versions
+        metrics = step_metrics(acc, log_.metrics())
         metrics.update(age_stats(seqs, self.version))
         metrics.update(kl_metrics)
         self.version += 1
         elapsed = time.perf_counter() - start
-        tokens = sum(mb.num_tokens for mb in batches)
+        trained, skipped = [s for m in minis for s in m.train], [s for m in minis for s in m.skipped]
         metrics.update({
-            "perf/train_tokens": float(tokens), "perf/loss_tokens": float(counts.num_tokens),
-            "perf/sequences": float(len(train)), "perf/failed_rollouts": float(len(rollouts) - len(live)),
+            "perf/train_tokens": float(forwarded),
+            "perf/loss_tokens": float(sum(m.counts.num_tokens for m in minis)),
+            "perf/sequences": float(len(trained)), "perf/failed_rollouts": float(len(rollouts) - len(live)),
             "perf/skipped_sequences": float(len(skipped)),
             "perf/skipped_tokens": float(sum(len(s.input_ids) for s in skipped)),
-            "perf/micro_batches": float(len(batches)), "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
+            "perf/micro_batches": float(n_micro), "perf/tokens_per_s": forwarded / max(elapsed, 1e-9),
             "time/train_s": elapsed,
         })
         return metrics
@@ -211,80 +259,29 @@ class Trainer(PolicyWeights):
 
     @property
     def prox_from_forward(self) -> bool:
-        """Whether the decoupled objective's π_prox is read off the step's own forward pass
-        (detached) instead of a separate no-grad pass. π_prox is the weights at the start of the
-        step, and one ``train_step`` is one optimizer step: every micro-batch is forwarded with
-        exactly those weights, so the pass would recompute the same numbers. Only a stochastic
-        forward (LoRA dropout) makes the two differ; then the pass runs."""
+        """Whether the decoupled objective's π_prox (the policy before the batch's first optimizer
+        step) is read off a training forward at those weights (detached) instead of a separate
+        no-grad pass: the first step's forward covers its part of the batch (all of it with one
+        step per batch), and only when that forward is deterministic. Dropout or router jitter
+        (``self.stochastic``) make a train-mode forward differ from the policy; then the pass runs,
+        in eval mode."""
         alg = self.algorithm
-        return (alg.objective == "decoupled" and alg.behaviour_logprobs
-                and not (self.is_lora and self.config.lora_dropout > 0))
+        return alg.objective == "decoupled" and alg.behaviour_logprobs and not self.stochastic
 
-    def _no_grad_pass(self, seqs: list[TrainSequence], n: int):
-        """π_prox log-probs (decoupled objective / no behaviour log-probs) and V_old (GAE), per
-        rollout, from the weights at the start of the step."""
-        want_prox = self.algorithm.needs_prox_pass and not self.prox_from_forward
-        if not want_prox and self.value_head is None:
-            return None, None
-        with span("trainer/prox_logprobs", seqs=len(seqs)):
-            logps, values = self._score(seqs, n, with_values=self.value_head is not None)
-        return (logps if want_prox else None), values
-
-    def _kl_rewards(self, live: list[Rollout], seqs: list[TrainSequence]):
-        """``algorithm.kl_in_reward``: −kl_coef·(log μ − log π_ref) per generated token of each
-        live rollout (μ as the loss sees it: truncated under the Keep Sampling Mask), from a
-        no-grad pass of the reference; and the mean KL over those tokens as a metric."""
-        alg = self.algorithm
-        if not alg.kl_in_reward:
-            return None, {}
-        with span("trainer/ref_logprobs", seqs=len(seqs)):
-            ref, _ = self._score(seqs, len(live), with_values=False, runner=self.ref_runner)
-        rewards = [np.zeros(r.num_tokens, dtype=np.float64) for r in live]
-        total, count = 0.0, 0
-        for s in seqs:
-            kl = (s.behaviour.astype(np.float64) - ref[s.index]) * s.loss_mask
-            rewards[s.index] = -alg.kl_coef * kl
-            total, count = total + float(kl.sum()), count + int(s.loss_mask.sum())
-        return rewards, {"kl/reward_kl_mean": total / max(count, 1)}
-
-    @torch.no_grad()
-    def _score(self, seqs: list[TrainSequence], n: int, with_values: bool, runner=None):
-        """Per-rollout log-probs (and values) without a gradient, from ``runner`` (the policy's
-        unless given, e.g. the reference's)."""
-        runner = runner or self.runner
-        logps = [np.zeros(0, dtype=np.float32)] * n
-        values = [np.zeros(0, dtype=np.float32)] * n if with_values else None
-        for mb in self._micro_batches(seqs):
-            with self.routing.replaying(mb.routing, mb.routing_has) if runner is self.runner else nullcontext():
-                lp, _, hidden = runner.logprobs(mb, self._keep_mask(mb, runner.vocab_size),
-                                                chunk=self.config.logprob_chunk_tokens, with_entropy=False,
-                                                want_hidden=with_values)
-            self.routing.take_counts()  # counted once, in the step's own forward
-            v = self.value_head(hidden) if with_values else None
-            bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
-            for k, s in enumerate(mb.seqs):
-                logps[s.index] = lp[bounds[k]:bounds[k + 1]].float().cpu().numpy()
-                if v is not None:
-                    values[s.index] = v[bounds[k]:bounds[k + 1]].float().cpu().numpy()
-        return logps, values
-
-    def logprobs(self, rollouts: list[Rollout]) -> list[np.ndarray]:
-        """Per-token log-probs of each rollout's completion under the current weights, exactly as
-        the loss sees them (temperature, Keep Sampling Mask, packing). No gradient, no update."""
-        seqs = [to_train_sequence(i, r, self.version, keep_sampling_mask=self.algorithm.keep_sampling_mask,
-                                  max_token_age=None) for i, r in enumerate(rollouts)]
-        logps, _ = self._score([s for s in seqs if len(s.targets)], len(rollouts), with_values=False)
-        return logps
-
-    def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
+    def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc, *,
+                    fill_prox: bool = False, at_start: bool = True, record: bool = True) -> None:
+        """Forward, loss and backward of one micro-batch. ``fill_prox``: this forward is at π_prox's
+        weights and gives π_prox for its tokens (stored in ``prox`` for later steps when it is a
+        list); ``at_start``: the weights are the batch's starting ones (first optimizer step);
+        ``record``: count this token's once-per-batch statistics (the first epoch)."""
         # The replay spans the backward too: activation checkpointing re-runs the routers there.
         with self.routing.replaying(mb.routing, mb.routing_has):
-            self._forward_backward(mb, adv, prox, old_values, counts, acc)
+            self._forward_backward(mb, adv, prox, old_values, counts, acc, fill_prox, at_start, record)
         if mb.routing is not None:
             differ, compared = self.routing.take_counts()
             acc.add("sum/route_differ", differ)
             acc.add("n/route_compared", compared)
-            if self.config.routing_probe and self.algorithm.behaviour_logprobs:
+            if self.config.routing_probe and self.algorithm.behaviour_logprobs and at_start:
                 self._probe_routing(mb, acc)
 
     def _probe_routing(self, mb: MicroBatch, acc: Accumulator) -> None:
@@ -297,7 +294,8 @@ class Trainer(PolicyWeights):
             other = "unreplayed" if self.routing.replay else "replayed"
             acc.add(f"sum/mismatch_abs_{other}", (logp - mb.behaviour)[same].abs().sum())
 
-    def _forward_backward(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc) -> None:
+    def _forward_backward(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc,
+                          fill_prox: bool, at_start: bool, record: bool) -> None:
         alg = self.algorithm
         with span("trainer/forward", tokens=mb.num_tokens, seqs=mb.num_seqs):
             chunk = self.config.logprob_chunk_tokens
@@ -311,12 +309,12 @@ class Trainer(PolicyWeights):
             seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
             weights = token_weights(alg.aggregation, mb.mask, mb.seq_index, seq_tokens, counts,
                                     alg.max_completion_tokens)
-            if prox is not None:
-                prox_t = mb.per_token(prox)
-            elif self.prox_from_forward:
-                prox_t = logp.detach()  # the start-of-step weights are the ones forwarded
+            if fill_prox:
+                prox_t = logp.detach()  # forwarded with π_prox's weights (deterministic forward)
+                if prox is not None:
+                    store_per_seq(prox, mb, prox_t)
             else:
-                prox_t = None
+                prox_t = mb.per_token(prox) if prox is not None else None
             inputs = TokenInputs(
                 logprobs=logp, behaviour=mb.behaviour, advantages=mb.per_token(adv.advantages),
                 mask=mb.mask, weights=weights, seq_index=mb.seq_index, num_seqs=mb.num_seqs,
@@ -326,8 +324,11 @@ class Trainer(PolicyWeights):
                 returns=mb.per_token(adv.returns) if adv.returns is not None else None,
             )
             terms = micro_batch_loss(alg, inputs, acc)
-            if alg.behaviour_logprobs:
-                self._record_mismatch(mb, logp.detach(), acc)
+            # The engine-vs-trainer mismatch needs the batch's starting weights: π_prox where it
+            # is known, else this forward when it ran with them; each token once.
+            start_logp = prox_t if prox_t is not None else (logp.detach() if at_start else None)
+            if alg.behaviour_logprobs and record and start_logp is not None:
+                self._record_mismatch(mb, start_logp, acc)
         with span("trainer/backward", tokens=mb.num_tokens):
             terms.total.backward()
 
@@ -352,6 +353,5 @@ class Trainer(PolicyWeights):
                 log.warning("train_step: non-finite gradient norm (%s); parameters left unchanged", norm)
             else:
                 self.optimizer.step()
-            self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         return norm, lr, skipped
