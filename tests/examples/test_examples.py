@@ -83,7 +83,7 @@ def check_lora(run, rows):
     rank-≤8 update on each adapted projection and not at all elsewhere."""
     from tokenflow.model_store import resolve_model_path
 
-    state = trainer_state(run)["model"]
+    state = trainer_state(run).get("model")
     assert state, "no adapter weights in trainer_state.pt"
     assert all("lora_A" in k or "lora_B" in k for k in state), [k for k in state if "lora_" not in k][:5]
     assert any(float(v.abs().max()) > 0 for k, v in state.items() if "lora_B" in k)  # B starts at 0: it trained
@@ -260,3 +260,13 @@ def test_training_example_runs(path, tmp_path):
     run = tmp_path / "run"
     _, rows = run_example(path, run, *extra)
     check(run, rows)
+
+
+def test_custom_task_reward_scores_known_completions():
+    """The example's reward on completions with a known score: right, wrong, no answer."""
+    from examples.custom_task.reward import score
+
+    example = {"prompt": "715+907=", "answer": "1622"}
+    assert score("715+907=", "5+7=12,1+0+1=2,7+9=16>1622", example) == {"reward": 1.0, "format": 1.0}
+    assert score("715+907=", "5+7=12,1+0=1,7+9=16>1612", example) == {"reward": 0.0, "format": 1.0}
+    assert score("715+907=", "5+7=12,1+0+1=2", example) == {"reward": 0.0, "format": 0.0}
