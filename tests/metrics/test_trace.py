@@ -141,6 +141,7 @@ EXPECTED_SPANS = {
 }
 
 
+@pytest.mark.slow
 def test_trace_of_a_real_run_has_spans_from_every_process(traced_run):
     doc = json.loads((traced_run / "trace.json").read_text())
     assert doc["displayTimeUnit"] == "ms"
@@ -162,6 +163,7 @@ def test_trace_of_a_real_run_has_spans_from_every_process(traced_run):
     assert min(r["engine"] for r in rates) >= 0 and max(r["trainer"] for r in rates) > 0
 
 
+@pytest.mark.slow
 def test_trace_agrees_with_the_runtimes_idle_clock(traced_run):
     """Trainer busy = its step and weight-push spans, the same time the runtime's idle clock sums."""
     summary = json.loads((traced_run / "summary.json").read_text())
@@ -177,6 +179,7 @@ def test_trace_agrees_with_the_runtimes_idle_clock(traced_run):
     assert (idle_s[:, 1] - idle_s[:, 0]).sum() == pytest.approx(summary["trainer_idle_frac"] * window, abs=0.1)
 
 
+@pytest.mark.slow
 def test_the_trace_states_its_own_cost_and_it_is_small(traced_run):
     summary = json.loads((traced_run / "summary.json").read_text())
     cost = Timeline.load(traced_run / "trace.json").tracer_cost()

@@ -26,6 +26,8 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.registry import ADVANTAGES
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 PACKAGE = Path(__file__).parent / "tokenflow_example_plugin"
 EXAMPLE = PACKAGE / "example.toml"
 

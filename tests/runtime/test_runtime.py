@@ -19,6 +19,8 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 
 @pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])
 def test_synchronous_runtime_matches_the_plain_loop(tmp_path, default_model, transport):

@@ -20,6 +20,7 @@ from tokenflow.runtime.workers.environment import environment as worker_environm
 from tokenflow.runtime.workers.process import WorkerHandle
 
 
+@pytest.mark.slow
 def test_the_orchestrators_process_never_imports_torch(tmp_path):
     code = ("import sys, json\n"
             "from tokenflow.cli.main import main\n"
@@ -52,6 +53,7 @@ def test_a_forked_worker_takes_on_the_orchestrators_environment_of_now():
         del os.environ["TOKENFLOW_TEST_LATE_VAR"]
 
 
+@pytest.mark.slow
 def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_path):
     summary = train(small_config("--run.steps", "3"), tmp_path / "run")
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -68,6 +70,7 @@ def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_
     assert summary["baseline_accuracy"] is not None and summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
     """Engine and trainer pinned to a thread each: after the last step the engine takes the
     trainer's thread for the final evaluation, and not before."""

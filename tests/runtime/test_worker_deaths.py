@@ -83,6 +83,8 @@ import os, signal, sys, time
 from types import SimpleNamespace
 from tokenflow.runtime.backends.local.backend import LocalBackend
 from tokenflow.runtime.workers.process import WorkerHandle
+
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 w = WorkerHandle("trainer", time.sleep, (60,)).start()
 os.kill(w.pid, signal.SIGKILL)
 w.process.join()
