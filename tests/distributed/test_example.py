@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tokenflow.config.loading import load_config
 from tokenflow.config.root import TrainConfig
-
-pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "ray_cluster.toml"
 

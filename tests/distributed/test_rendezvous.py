@@ -16,8 +16,6 @@ from tokenflow.runtime.workers.messages import ReformSync, Save, SetThreads, Shu
 from tokenflow.sync.broadcast import free_port
 from tokenflow.sync.rendezvous import tcp_store
 
-pytestmark = pytest.mark.slow  # a real run (or several processes) per test
-
 
 def _listening(port: int) -> set[str]:
     return {c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
