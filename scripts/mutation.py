@@ -11,11 +11,13 @@ Each module runs in its own folder, ``.mutation/<module>/`` (git-ignored), holdi
 that module and runs only the fast tests listed for it (``-m "not slow"``). mutmut copies the
 sources into ``mutants/`` there, runs the tests once to learn which test executes which function,
 then runs, for every mutant, the tests that executed the mutated function (a fork per mutant:
-torch and the tests are imported once). Results stay in that folder: a second run only tries
-mutants that have no result yet (delete ``.mutation/<module>`` to start again).
+torch and the tests are imported once). Results stay in that folder and mutmut reuses what still
+applies (it retries mutants whose code or tests changed); delete ``.mutation/<module>`` to start
+again. mutmut's live progress goes to ``.mutation/<module>/run.log``.
 
 It writes ``.mutation/report.md``: per module, mutants killed / survived / timed out / not
-covered by any test, the kill rate, and the diff of every surviving mutant. Not run in CI; on a
+run by any listed test / equivalent (pyproject's [tool.tokenflow.mutation.equivalent], each with
+its reason), the kill rate of the non-equivalent ones, and the diff of every mutant not killed. Not run in CI; on a
 shared 2-core machine a small module takes a few minutes, all of them well under an hour.
 """
 
@@ -44,6 +46,14 @@ NO_TESTS = {"no tests"}
 def load_modules() -> tuple[dict, dict]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     return data["tool"]["tokenflow"]["mutation"]["modules"], data
+
+
+def load_equivalent(data: dict) -> dict[str, str]:
+    """Mutants that behave exactly as the original (no test can kill them), each with the reason:
+    pyproject's [tool.tokenflow.mutation.equivalent]. mutmut numbers a function's mutants in
+    order, so an edit of that function can renumber them: the report flags a listed name that
+    now survives for a reason other than the one given, by its diff."""
+    return data["tool"]["tokenflow"]["mutation"].get("equivalent", {})
 
 
 def module_pyproject(data: dict, entry: dict) -> str:
@@ -78,15 +88,21 @@ def prepare(name: str, entry: dict, data: dict) -> Path:
     return folder
 
 
-def mutmut(folder: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def mutmut_env() -> dict[str, str]:
+    # mutmut puts mutants/src first on the path itself; a PYTHONPATH to the sources would not hurt
+    # (it removes it) but is dropped to be plain about where the code comes from.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    cmd = [sys.executable, "-m", "mutmut", *args]
-    return subprocess.run(cmd, cwd=folder, env=env, text=True, capture_output=capture)
+    return env
+
+
+def run_mutmut(folder: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=folder, env=mutmut_env(), text=True,
+                          capture_output=capture)
 
 
 def results(folder: Path) -> dict[str, str]:
-    out = mutmut(folder, "results", "--all", "true", capture=True)
+    out = run_mutmut(folder, "results", "--all", "true", capture=True)
     if out.returncode != 0:
         raise SystemExit(f"mutmut results failed in {folder}:\n{out.stderr[-2000:]}")
     found = {}
@@ -98,29 +114,35 @@ def results(folder: Path) -> dict[str, str]:
 
 
 def diff(folder: Path, mutant: str) -> str:
-    out = mutmut(folder, "show", mutant, capture=True)
+    out = run_mutmut(folder, "show", mutant, capture=True)
     lines = out.stdout.splitlines()
     return "\n".join(lines[1:]).strip() if out.returncode == 0 else f"(mutmut show failed: {out.stderr[-300:]})"
 
 
-def summarize(name: str, entry: dict, folder: Path, seconds: float | None) -> tuple[str, dict]:
+def summarize(name: str, entry: dict, folder: Path, seconds: float | None,
+              equivalent: dict[str, str]) -> tuple[str, dict]:
     status = results(folder)
     count = lambda kinds: sum(1 for s in status.values() if s in kinds)  # noqa: E731
-    killed, timeout, survived, no_tests = count(KILLED), count(TIMEOUT), count(SURVIVED), count(NO_TESTS)
-    other = len(status) - killed - timeout - survived - no_tests
-    tried = killed + timeout + survived
-    rate = (killed + timeout) / tried if tried else float("nan")
+    killed, timeout, no_tests = count(KILLED), count(TIMEOUT), count(NO_TESTS)
+    equiv = {m for m, s in status.items() if s in SURVIVED and m in equivalent}
+    survived = count(SURVIVED) - len(equiv)
+    other = len(status) - killed - timeout - survived - len(equiv) - no_tests
+    killable = killed + timeout + survived + no_tests  # a mutant no test runs is not killed either
+    rate = (killed + timeout) / killable if killable else float("nan")
     figures = {"module": name, "source": entry["source"], "mutants": len(status), "killed": killed,
-               "timeout": timeout, "survived": survived, "no_tests": no_tests, "other": other,
-               "kill_rate": rate, "seconds": seconds}
+               "timeout": timeout, "survived": survived, "equivalent": len(equiv), "no_tests": no_tests,
+               "other": other, "kill_rate": rate, "seconds": seconds}
     lines = [f"## {name}: `{entry['source']}`", "",
              f"tests: {', '.join(f'`{t}`' for t in entry['tests'])}", "",
              f"{len(status)} mutants: {killed} killed, {timeout} timed out (counted killed), {survived} survived, "
-             f"{no_tests} not covered by any listed test, {other} other; kill rate {rate:.1%} of those tried"
+             f"{len(equiv)} equivalent (listed in pyproject), {no_tests} not run by any listed test, {other} other; "
+             f"kill rate {rate:.1%} of the non-equivalent ones"
              + (f"; {seconds / 60:.1f} min" if seconds is not None else ""), ""]
     for mutant, s in sorted(status.items()):
-        if s in SURVIVED | NO_TESTS or s not in KILLED | TIMEOUT:
-            lines += [f"### `{mutant}`: {s}", "", "```diff", diff(folder, mutant), "```", ""]
+        if s in KILLED | TIMEOUT:
+            continue
+        label = f"equivalent: {equivalent[mutant]}" if mutant in equiv else s
+        lines += [f"### `{mutant}`: {label}", "", "```diff", diff(folder, mutant), "```", ""]
     return "\n".join(lines), figures
 
 
@@ -145,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print('error: mutation testing needs mutmut: pip install -e ".[mutation]"', file=sys.stderr)
         return 2
+    equivalent = load_equivalent(data)
     sections, table = [], []
     for name in chosen:
         folder = prepare(name, modules[name], data)
@@ -152,18 +175,24 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             print(f"== {name}: mutmut in {folder.relative_to(ROOT)}", flush=True)
             start = time.monotonic()
-            run = mutmut(folder, "run", "--max-children", str(args.max_children))
+            log = folder / "run.log"
+            with open(log, "w") as out:  # mutmut's live progress, kept out of this output
+                run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
+                                     cwd=folder, env=mutmut_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
             seconds = time.monotonic() - start
             if run.returncode != 0:
-                print(f"mutmut run failed for {name} (exit {run.returncode}); see the output above", file=sys.stderr)
+                print(f"mutmut run failed for {name} (exit {run.returncode}); see {log.relative_to(ROOT)}",
+                      file=sys.stderr)
                 return 1
-        text, figures = summarize(name, modules[name], folder, seconds)
+        text, figures = summarize(name, modules[name], folder, seconds, equivalent)
         sections.append(text)
         table.append(figures)
-    head = ["# Mutation report", "", "| module | mutants | killed | timeout | survived | no tests | kill rate |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    head = ["# Mutation report", "",
+            "| module | mutants | killed | timeout | survived | equivalent | no tests | kill rate | minutes |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     head += [f"| {f['module']} | {f['mutants']} | {f['killed']} | {f['timeout']} | {f['survived']} | "
-             f"{f['no_tests']} | {f['kill_rate']:.1%} |" for f in table]
+             f"{f['equivalent']} | {f['no_tests']} | {f['kill_rate']:.1%} | "
+             f"{'-' if f['seconds'] is None else round(f['seconds'] / 60, 1)} |" for f in table]
     WORK.mkdir(exist_ok=True)
     report = WORK / "report.md"
     report.write_text("\n".join(head) + "\n\n" + "\n".join(sections) + "\n")
