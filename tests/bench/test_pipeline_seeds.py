@@ -22,6 +22,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=900, check=False)
 
 
+@pytest.mark.slow
 def test_two_seeds_print_mean_and_spread_of_both_modes(tmp_path):
     out = tmp_path / "bp"
     r = bench("--seeds", "2", "--output-dir", str(out), *SMALL, "--run.steps", "2", "--run.seed", "5")
@@ -53,6 +54,7 @@ def test_two_seeds_print_mean_and_spread_of_both_modes(tmp_path):
     assert f"{summary['async_accuracy']['mean']:.3f} ± {summary['async_accuracy']['sd']:.3f}" in text
 
 
+@pytest.mark.slow
 def test_one_seed_keeps_the_single_pair_layout(tmp_path):
     out = tmp_path / "bp"
     r = bench("--output-dir", str(out), *SMALL, "--run.steps", "2", "--json")

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 
+@pytest.mark.slow
 def test_profile_prints_the_phases_of_a_step():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_trainer.py"), "--steps", "1", "--rows", "5"],

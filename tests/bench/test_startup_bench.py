@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tokenflow.bench.startup import PHASES, breakdown
 from tokenflow.cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_startup_prints_the_phases_of_a_short_run(capsys, tmp_path):
     assert main(["bench", "startup", "--output-dir", str(tmp_path), "--json",
                  "--run.steps", "2", "--run.eval_limit", "4", "--metrics.progress", "false"]) == 0

@@ -36,6 +36,7 @@ def check_row(row: dict, side: str) -> None:
     assert row["completion_tokens_per_s"] > 0 and 0.0 <= row["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_tokenflow_sides_run_and_a_missing_trl_environment_is_skipped_with_a_reason(tmp_path):
     r = run_script(tmp_path, "trl,tokenflow-sync,tokenflow-async", "--trl-venv", str(tmp_path / "no-venv"))
     assert "skipping the TRL side: no TRL environment" in r.stderr

@@ -24,6 +24,7 @@ import typing
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -361,6 +362,7 @@ def test_every_fuzzed_bad_input_gets_one_line_exit_2_and_no_traceback(tmp_path, 
     assert not failed, "\n\n".join(f"{k}: {' '.join(a)}\n-> {w}\n{e[-2000:]}" for k, a, c, e, w in failed[:5])
 
 
+@pytest.mark.slow
 def test_bad_input_through_the_installed_command(tmp_path):
     """The same promise from a real process (the logging set-up, the interpreter's exit)."""
     (tmp_path / "broken.toml").write_text("[run\nsteps = 3\n")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
+
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 
 def test_bench_sync_prints_every_transport_as_json():

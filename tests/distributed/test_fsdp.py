@@ -11,6 +11,8 @@ from tests.distributed.ranks import CASES, STEPS, build, fsdp_rank
 from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 KEYS = ("loss/total", "loss/policy", "loss/kl", "loss/value", "optim/grad_norm", "policy/clip_frac",
         "policy/entropy", "offpolicy/is_ratio_max", "offpolicy/is_ratio_min", "routing/disagreement")
 

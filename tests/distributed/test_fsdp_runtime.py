@@ -11,6 +11,8 @@ from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 
 def test_two_rank_runtime_matches_the_plain_loop_across_a_resume(tmp_path):
     args = ("--rollout.max_staleness", "0", "--run.checkpoint_every", "0", "--trainer.world_size", "2")

@@ -3,9 +3,12 @@ and the acknowledgements its dead predecessor never sent no longer hold the trai
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenflow.sync.factory import make_receiver, make_sender
+
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 
 def _weights(version: int) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ from tokenflow.sync.factory import make_sender
 from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer.distributed import RankGroup, RankTimeout, Rendezvous
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 
 def test_a_rank_that_never_joins_is_named():
     with pytest.raises(RankTimeout, match=r"trainer rank\(s\) \[1, 2\] did not join the trainer group within 1.5s"):

@@ -77,6 +77,7 @@ def test_async_run_on_vllm_updates_weights_without_stopping(tmp_path, mode):
     assert max(r.get("engine/version", 0) for r in rows) >= 2  # updates reached the engine
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_example_runs(tmp_path, monkeypatch):
     from tokenflow.runtime.launch import train

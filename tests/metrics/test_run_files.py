@@ -17,6 +17,7 @@ def step_rows(run_dir) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss/total" in r]
 
 
+@pytest.mark.slow
 def test_tensorboard_of_a_real_run_matches_metrics_jsonl(traced_run):
     scalars = tensorboard_scalars(traced_run / "tensorboard")
     rows = step_rows(traced_run)
@@ -32,6 +33,7 @@ def test_tensorboard_of_a_real_run_matches_metrics_jsonl(traced_run):
     assert {"reward", "loss", "policy", "offpolicy", "rollout", "buffer", "sync", "perf"} <= namespaces
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_of_a_real_run(wandb_run):
     (f,) = (wandb_run / "wandb").glob("offline-run-*/run-*.wandb")
     rows = {r["_step"]: r for r in history(f)}
@@ -42,6 +44,7 @@ def test_wandb_offline_files_of_a_real_run(wandb_run):
     assert rows[STEPS]["eval/accuracy"] == pytest.approx(summary["final_accuracy"])
 
 
+@pytest.mark.slow
 def test_token_age_histogram_in_summary_matches_the_rollouts(traced_run):
     """summary.json's histogram (the buffer's counts) = ages recomputed from rollouts.jsonl."""
     run = load_run(traced_run)

@@ -141,6 +141,7 @@ EXPECTED_SPANS = {
 }
 
 
+@pytest.mark.slow
 def test_trace_of_a_real_run_has_spans_from_every_process(traced_run):
     doc = json.loads((traced_run / "trace.json").read_text())
     assert doc["displayTimeUnit"] == "ms"
@@ -162,21 +163,34 @@ def test_trace_of_a_real_run_has_spans_from_every_process(traced_run):
     assert min(r["engine"] for r in rates) >= 0 and max(r["trainer"] for r in rates) > 0
 
 
+# One message's transit between processes: a turn of the orchestrator's loop (20 ms) plus up to
+# 30 ms of scheduling latency on a loaded machine.
+TRANSIT_S = 0.05
+
+
+@pytest.mark.slow
 def test_trace_agrees_with_the_runtimes_idle_clock(traced_run):
     """Trainer busy = its step and weight-push spans, the same time the runtime's idle clock sums."""
     summary = json.loads((traced_run / "summary.json").read_text())
     tl = Timeline.load(traced_run / "trace.json")
     window = summary["train_wall_s"]
+    # What separates the two clocks is the messages' transit: each step's batch out and its result
+    # back, each waiting at most one turn of the orchestrator's loop (pump(0.02)) plus the
+    # scheduler's latency, which a loaded 2-core machine stretches to tens of ms. The allowance
+    # is that, per message; the window itself may be any length (a slow machine's is longer).
+    transit = 2 * STEPS * TRANSIT_S
     steps = tl.intervals(("trainer/step",))
-    assert 0.0 <= steps[:, 0].min() < window and abs(steps[:, 1].max() - window) < 0.25
+    assert 0.0 <= steps[:, 0].min() < window and abs(steps[:, 1].max() - window) < max(0.25, 2 * TRANSIT_S)
     busy = busy_in_bins(tl.intervals(TRAINER_BUSY), np.array([0.0, window]))[0]
-    assert 1.0 - busy == pytest.approx(summary["trainer_idle_frac"], abs=0.02)
+    assert 1.0 - busy == pytest.approx(summary["trainer_idle_frac"], abs=max(0.02, transit / window))
     # the orchestrator's trainer/idle spans miss only the messages' transit time
     idle = tl.intervals(("trainer/idle",))
     idle_s = merge_intervals(idle[idle[:, 0] < window])
-    assert (idle_s[:, 1] - idle_s[:, 0]).sum() == pytest.approx(summary["trainer_idle_frac"] * window, abs=0.1)
+    assert (idle_s[:, 1] - idle_s[:, 0]).sum() == pytest.approx(summary["trainer_idle_frac"] * window,
+                                                               abs=max(0.1, transit))
 
 
+@pytest.mark.slow
 def test_the_trace_states_its_own_cost_and_it_is_small(traced_run):
     summary = json.loads((traced_run / "summary.json").read_text())
     cost = Timeline.load(traced_run / "trace.json").tracer_cost()

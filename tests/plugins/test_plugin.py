@@ -26,6 +26,8 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.registry import ADVANTAGES
 from tokenflow.trainer.config import TrainerConfig, check_compatible
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 PACKAGE = Path(__file__).parent / "tokenflow_example_plugin"
 EXAMPLE = PACKAGE / "example.toml"
 
@@ -90,8 +92,22 @@ def test_a_toml_file_trains_with_the_plugins_estimator_task_and_scorer(plugin_si
         assert a < 100 and b < 100
         answer = tok.decode(r["completion_ids"], skip_special_tokens=True).rsplit(">", 1)
         assert r["reward"] == (1.0 if len(answer) == 2 and answer[1].strip() == str(a + b) else 0.0)
+    assert {r["reward"] for r in rollouts} == {0.0, 1.0}  # both branches of the scorer ran
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
-    assert len(rows) == 3 and all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:  # the step's mean is the mean of the rewards its rollouts got
+        step = [r["reward"] for r in rollouts if r["step"] == row["step"]]
+        assert row["reward/mean"] == pytest.approx(sum(step) / len(step))
+
+
+def test_the_plugins_scorer_on_known_completions(plugin_site):
+    code = ("import json; from tokenflow.registry import SCORERS; f = SCORERS.get('small_sums_exact'); "
+            "ex = {'a': 15, 'b': 27, 'answer': 42}; "
+            "print(json.dumps([f('15+27=', c, ex) for c in ('5+7=12,1+2+1=4>42', '5+7=12,1+2=3>32', "
+            "'5+7=12,1+2+1=4', '>42 ')]))")
+    proc = run(["-c", code], plugin_site)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [1.0, 0.0, 0.0, 1.0]
 
 
 def test_unknown_names_and_bad_plugin_settings_are_refused_in_one_line(plugin_site):

@@ -16,6 +16,8 @@ from tests.runtime.helpers import ledger, small_config, step_rows, workers
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 RAY = ("--runtime.backend", "ray")
 
 

@@ -28,6 +28,7 @@ def report_row(stdout: str, label: str) -> list[str]:
     return line[len(label):].split()
 
 
+@pytest.mark.slow
 def test_report_of_a_bench_pair_agrees_with_what_bench_printed(bench):
     printed = bench_idle(bench.stdout)
     assert set(printed) == {"sync", "async"}, bench.stdout
@@ -75,6 +76,7 @@ def trainer_idle_from_trace(run_dir) -> tuple[float, float]:
     return 1.0 - float((busy[:, 1] - busy[:, 0]).sum()) / window, slack / window
 
 
+@pytest.mark.slow
 def test_report_numbers_are_the_runs_own(bench):
     runs = [load_run(bench.sync), load_run(bench.async_)]
     sync, async_ = runs
@@ -93,6 +95,7 @@ def test_report_numbers_are_the_runs_own(bench):
     assert evals[0][2] == sync.summary["baseline_accuracy"] and evals[-1][2] == sync.summary["final_accuracy"]
 
 
+@pytest.mark.slow
 def test_trace_and_metrics_share_one_time_axis(bench):
     """The Gantt (trace) and the curves (metrics.jsonl) are drawn on the same seconds."""
     for side in (bench.sync, bench.async_):
@@ -104,6 +107,7 @@ def test_trace_and_metrics_share_one_time_axis(bench):
         assert np.abs(ends - wall).max() < 0.1
 
 
+@pytest.mark.slow
 def test_one_run_without_a_trace(bench, tmp_path):
     run = tmp_path / "plain"
     run.mkdir()

@@ -279,6 +279,7 @@ def test_the_session_samples_as_the_run_does_and_refuses_n(tool_model):
     assert all(seen == [(400, "n"), (404, "session_not_found")] for seen in CALLS.values())
 
 
+@pytest.mark.slow
 def test_an_agent_task_trains_through_sessions(tmp_path):
     summary = train(small_config(
         "--model.path", resolve_model_path("default-tool"), "--task.name", "env", "--task.env", CALCULATOR,

@@ -52,6 +52,7 @@ def test_a_non_finite_reward_is_an_error_naming_it(out):
         normalise_reward(out)
 
 
+@pytest.mark.slow
 def test_nan_and_inf_rewards_fail_their_samples_and_the_run_writes_strict_json(tmp_path):
     (tmp_path / "nan_reward.py").write_text(textwrap.dedent("""
         import math

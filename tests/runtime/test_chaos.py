@@ -3,11 +3,13 @@ nothing lost, repeated or duplicated, no /dev/shm left, weights equal to a run n
 
 from __future__ import annotations
 
+import pytest
 import json
 
 from tokenflow.cli.main import main
 
 
+@pytest.mark.slow
 def test_short_chaos_run_holds_every_check(tmp_path, capsys):
     code = main(["bench", "chaos", "--kills", "3", "--steps", "10", "--seed", "3", "--kinds", "tree,trainer,scorer",
                  "--output-dir", str(tmp_path / "chaos"), "--json"])

@@ -16,6 +16,8 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 SHAPING = ["--algorithm.dynamic_sampling", "true", "--algorithm.overlong_buffer_tokens", "32",
            "--algorithm.overlong_penalty", "0.5", "--run.save_rollouts", "true", "--run.checkpoint_every", "0"]
 

@@ -16,6 +16,8 @@ from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_r
 from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 CALCULATOR = "tokenflow.envs.calculator:CalculatorEnv"
 
 

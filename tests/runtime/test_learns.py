@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tokenflow.config.loading import load_config
 from tokenflow.config.root import TrainConfig
 from tokenflow.runtime.launch import train
 from tokenflow.config.presets import default_config_path
+
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 
 def test_default_run_learns_to_carry(tmp_path):

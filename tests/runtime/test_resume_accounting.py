@@ -12,6 +12,8 @@ from tests.runtime.helpers import small_config, step_rows
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.orchestrator import RunFailed
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 
 def test_summary_after_a_resume_counts_every_invocation(tmp_path):
     common = ("--rollout.max_staleness", "0", "--run.checkpoint_every", "0")

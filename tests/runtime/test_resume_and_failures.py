@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import signal
@@ -9,6 +10,8 @@ import textwrap
 
 from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until, workers
 from tokenflow.runtime.launch import train
+
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 
 def test_sigkill_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path):

@@ -42,7 +42,8 @@ def test_routing_crosses_processes_and_checkpoints(tmp_path):
     buf.admit(7, 7)
     buf.put(sent)
     run = RunDir(tmp_path).create()
-    path = run.commit_checkpoint(run.staging_dir(1), 1, {"step": 1, "cursor": 1, "next_group_id": 1}, buf.state_dict(), keep=1)
+    path = run.commit_checkpoint(run.staging_dir(1), 1, {"step": 1, "cursor": 0, "next_group_id": 0},
+                                buf.state_dict(), keep=1)
     _, state = RunDir.load_checkpoint(path)
     restored = RolloutBuffer(prompts_per_step=1, group_size=2, max_staleness=0)
     restored.load_state_dict(state)

@@ -141,6 +141,7 @@ def _evil_trainer_state(ckpt: Path, marker: Path) -> None:
     ("forged-buffer-rollouts", lambda c, m: (c / "buffer.safetensors").write_bytes(b"\x10" * 64), "buffer.safetensors"),
     ("buffer-json-counters", lambda c, m: (c / "buffer.json").write_text('{"engine_version": "x"}'), "buffer.json"),
 ])
+@pytest.mark.slow
 def test_a_tampered_checkpoint_runs_no_code_and_names_the_file(checkpointed_run, tmp_path, name, edit, file):
     marker = tmp_path / "payload-ran"
     run = tampered(checkpointed_run, tmp_path / name, lambda ckpt: edit(ckpt, marker))

@@ -19,6 +19,8 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
+
 
 @pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])
 def test_synchronous_runtime_matches_the_plain_loop(tmp_path, default_model, transport):
@@ -74,12 +76,14 @@ def test_inflight_updates_lose_nothing_and_tag_versions(tmp_path, default_model)
         if r.get("offpolicy/mismatch_tokens", 0) > 0:
             assert r["offpolicy/mismatch_abs_logprob"] < 1e-4
             assert abs(r["offpolicy/mismatch_ratio"] - 1) < 1e-4
-    # Pause per weight update within one decode step. Medians, and only steps whose engine
-    # report held decode timings (0 = none yet): one load spike on a shared machine (the first
-    # update, measured at 2.5x the others) must not decide it.
-    pauses = [r["sync/engine_pause_s_mean"] for r in rows if "sync/engine_pause_s_mean" in r]
-    decode = [r["engine/decode_step_s"] for r in rows if r["engine/decode_step_s"] > 0]
-    assert pauses and decode and np.median(pauses) <= np.median(decode)
+    # Pause per weight update within one decode step. Each step's pause against the same step's
+    # decode timing (so a machine whose load drifts during the run slows both sides of each
+    # pair alike), and the median of those ratios: one load spike on a shared machine (the
+    # first update, measured at 2.5x the others) must not decide it. Steps whose engine report
+    # held no decode timings yet (0) are left out.
+    ratios = [r["sync/engine_pause_s_mean"] / r["engine/decode_step_s"] for r in rows
+              if "sync/engine_pause_s_mean" in r and r["engine/decode_step_s"] > 0]
+    assert ratios and np.median(ratios) <= 1.0, ratios
     # Every token's version is right: the part of each rollout made under its first version is
     # exactly what that version's weights (from its checkpoint) assign.
     rollouts = read_jsonl(run / "rollouts.jsonl")

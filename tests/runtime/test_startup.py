@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.runtime.helpers import SMALL, small_config
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.backends.local import start as worker_start
@@ -18,6 +20,7 @@ from tokenflow.runtime.workers.environment import environment as worker_environm
 from tokenflow.runtime.workers.process import WorkerHandle
 
 
+@pytest.mark.slow
 def test_the_orchestrators_process_never_imports_torch(tmp_path):
     code = ("import sys, json\n"
             "from tokenflow.cli.main import main\n"
@@ -50,6 +53,7 @@ def test_a_forked_worker_takes_on_the_orchestrators_environment_of_now():
         del os.environ["TOKENFLOW_TEST_LATE_VAR"]
 
 
+@pytest.mark.slow
 def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_path):
     summary = train(small_config("--run.steps", "3"), tmp_path / "run")
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -66,6 +70,7 @@ def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_
     assert summary["baseline_accuracy"] is not None and summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
     """Engine and trainer pinned to a thread each: after the last step the engine takes the
     trainer's thread for the final evaluation, and not before."""
@@ -79,9 +84,56 @@ def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
     assert summary["final_accuracy"] is not None
 
 
-def test_spawned_workers_still_train(tmp_path):
+def _record_worker_starts(monkeypatch) -> dict[str, tuple[int, str]]:
+    """name → (parent pid, command line) of each worker process, read from /proc as it starts:
+    what actually started, whatever the code meant to start."""
+    from pathlib import Path
+
+    started: dict[str, tuple[int, str]] = {}
+    real = WorkerHandle.start
+
+    def start(self):
+        out = real(self)
+        pid = self.process.pid
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        started[self.name] = (ppid, cmdline)
+        return out
+
+    monkeypatch.setattr(WorkerHandle, "start", start)
+    return started
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads worker processes from /proc")
+
+
+@pytest.mark.slow
+@needs_proc
+def test_spawned_workers_still_train(tmp_path, monkeypatch):
+    """start_method = "spawn": each worker is a fresh interpreter (multiprocessing's spawn_main)
+    whose parent is this process, not a fork server's child."""
+    started = _record_worker_starts(monkeypatch)
     summary = train(small_config("--run.steps", "2", "--runtime.start_method", "spawn"), tmp_path / "run")
     assert summary["steps"] == 2 and summary["baseline_accuracy"] is not None
+    assert {"engine", "trainer"} <= set(started), started
+    for name, (ppid, cmdline) in started.items():
+        assert ppid == os.getpid(), (name, ppid, cmdline)
+        assert "spawn_main" in cmdline and "forkserver" not in cmdline, (name, cmdline)
+
+
+@pytest.mark.slow
+@needs_proc
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="no fork server here")
+def test_forkserver_workers_are_forked_by_the_server(tmp_path, monkeypatch):
+    """The default, "forkserver": every worker's parent is the one fork server (not this process),
+    and a worker runs the server's image (no new interpreter: no spawn_main)."""
+    started = _record_worker_starts(monkeypatch)
+    summary = train(small_config("--run.steps", "2", "--runtime.start_method", "forkserver"), tmp_path / "run")
+    assert summary["steps"] == 2
+    assert {"engine", "trainer"} <= set(started), started
+    parents = {ppid for ppid, _ in started.values()}
+    assert len(parents) == 1 and os.getpid() not in parents, started
+    assert all("forkserver" in cmd and "spawn_main" not in cmd for _, cmd in started.values()), started
 
 
 def test_context_falls_back_to_spawn():

@@ -16,6 +16,7 @@ from tokenflow.cli.train import _reusable
 from tokenflow.runtime.run.resources import leftovers, run_tag
 
 TIMEOUT_S = 60  # runtime.worker_timeout_s for these runs: the bound on noticing a death and exiting
+pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
 
 @pytest.mark.parametrize("kind, named", [("engine", "the engine process"), ("trainer", "the trainer process"),
@@ -83,6 +84,7 @@ import os, signal, sys, time
 from types import SimpleNamespace
 from tokenflow.runtime.backends.local.backend import LocalBackend
 from tokenflow.runtime.workers.process import WorkerHandle
+
 w = WorkerHandle("trainer", time.sleep, (60,)).start()
 os.kill(w.pid, signal.SIGKILL)
 w.process.join()

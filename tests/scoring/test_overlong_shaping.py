@@ -37,3 +37,16 @@ def test_shaping_adds_to_the_reward_keeps_components_and_skips_failed_samples():
     assert m["reward/overlong_penalty_mean"] == pytest.approx(-0.25)  # over the two scored samples
     assert m["rollout/overlong_frac"] == pytest.approx(0.5)
     assert m["reward/mean"] == pytest.approx(0.75)
+
+
+def test_every_scored_sample_is_shaped_whatever_comes_before_it():
+    """A failed sample first does not stop the rest of the group being shaped; a sample marked
+    failed keeps whatever reward it carries, and an unscored one (reward None) stays unscored."""
+    failed_with_reward = rollout(32, 1.0, sample_index=1)
+    failed_with_reward.failed = True
+    unscored = rollout(32, None, sample_index=2)
+    unscored.failed = False
+    group = [rollout(32, None, sample_index=0), failed_with_reward, unscored, rollout(32, 1.0, sample_index=3)]
+    shape_overlong(group, max_tokens=32, buffer_tokens=16, factor=1.0)
+    assert [r.reward for r in group] == [None, 1.0, None, 0.0]
+    assert "overlong_penalty" not in failed_with_reward.rewards and group[3].rewards["overlong_penalty"] == -1.0

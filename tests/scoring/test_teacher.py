@@ -86,6 +86,7 @@ def test_a_teacher_with_another_tokenizer_is_refused(tmp_path, teacher, default_
         train(cfg, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_async_distillation_matches_the_synchronous_loop(tmp_path, teacher, default_model):
     path, _, _ = teacher
     cfg = small_config("--rollout.max_staleness", "0", "--run.steps", "3", "--run.checkpoint_every", "0",

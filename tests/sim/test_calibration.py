@@ -1,8 +1,10 @@
-"""Calibration: the calibration.json schema, the fit, and predictions of synthetic runs."""
+"""Calibration: the calibration.json schema, the fit, predictions of synthetic runs (known
+rates), and predictions of two real recorded runs (tests/sim/fixtures/real_bench)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,8 +79,43 @@ def test_find_runs_in_a_bench_folder_and_a_run_folder(tmp_path):
         find_runs(tmp_path)
 
 
+REAL = Path(__file__).parent / "fixtures" / "real_bench"
+# Wall-time tolerance on the real runs. The simulator does not model start-up inside the
+# measured window (the trainer loads for ~2 s while the engine generates step 1; part of it is
+# hidden behind that generation) nor load on a shared machine; it predicted these runs within
+# 7 % (sync -6.6 %, async -5.9 %, when recorded), the documented 2-core check within 3 %. 15 %
+# is twice that, and a third of what a 3x slower simulated decode moves the predictions
+# (+46 %, +62 %): the check separates a calibrated simulator from a broken one.
+WALL_TOL = 0.15
+RATIO_TOL = 0.05  # async/sync: start-up and machine load largely cancel (0.700 vs 0.695)
+
+
+def test_predicts_both_runs_and_their_ratio():
+    """Two real runs (measured by the runtime, not simulated): each one's wall time and the
+    async / sync ratio are predicted from the components' timings alone."""
+    rep = calibrate(REAL, seeds=2)
+    assert set(rep.runs) == {"sync", "async"}
+    for mode in ("sync", "async"):
+        run = rep.runs[mode]
+        assert run.measured_wall_s == json.loads((REAL / mode / "summary.json").read_text())["train_wall_s"]
+        assert abs(run.error) < WALL_TOL, (mode, rep.to_dict()["runs"])
+    assert rep.ratio("predicted") == pytest.approx(rep.ratio("measured"), rel=RATIO_TOL)
+    assert rep.ratio("measured") < 1.0  # asynchrony paid on this run: the claim being predicted
+
+
+def test_a_simulator_with_decode_three_times_slower_misses_the_real_runs(monkeypatch):
+    """The same check against a broken simulator (every decode step 3x slower): it fails."""
+    from tokenflow.sim.costs import Costs
+
+    decode = Costs.decode_step
+    monkeypatch.setattr(Costs, "decode_step", lambda self, n, trainer_busy=False: 3 * decode(self, n, trainer_busy))
+    rep = calibrate(REAL, seeds=2)
+    for mode in ("sync", "async"):
+        assert rep.runs[mode].error > 2 * WALL_TOL, (mode, rep.to_dict()["runs"])
+
+
 @pytest.mark.parametrize("async_slow", [1.0, 1.3])
-def test_predicts_both_runs_and_their_ratio(tmp_path, async_slow):
+def test_predicts_synthetic_runs_with_contention_fitted_per_run(tmp_path, async_slow):
     """Components of the async run 30 % slower (two processes sharing cores): fitted per run."""
     rep = calibrate(make_bench(tmp_path / "bench", async_slow=async_slow), seeds=5)
     for mode in ("sync", "async"):
