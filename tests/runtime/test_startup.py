@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,7 +97,14 @@ def _record_worker_starts(monkeypatch) -> dict[str, tuple[int, str]]:
         out = real(self)
         pid = self.process.pid
         ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        # Between fork and exec (spawn) the child's cmdline is empty or its parent's: wait for it.
+        own = Path("/proc/self/cmdline").read_bytes()
+        deadline = time.monotonic() + 10
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        while (not raw or raw == own) and time.monotonic() < deadline:
+            time.sleep(0.005)
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = raw.replace(b"\0", b" ").decode()
         started[self.name] = (ppid, cmdline)
         return out
 
