@@ -36,6 +36,13 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=1,
                    help="repeat the comparison for this many seeds (run.seed, run.seed + 1, ...) and print "
                         "the mean and spread; each seed's runs go to seed<N>/ under the output folder")
+    p.add_argument("--staleness", default=None,
+                   help="sweep max_staleness instead: comma-separated K values (e.g. 0,1,2,4,8; K = 0, the "
+                        "synchronous reference, is always run), each for --seeds seeds, printing accuracy, "
+                        "token ages, behaviour-weight statistics and wall per K")
+    p.add_argument("--corrections", default="on,off",
+                   help="with --staleness: 'on' (the config's corrections), 'off' (algorithm.behaviour_logprobs "
+                        "= false: no behaviour weight) or both, comma-separated (default on,off)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run, _allow_overrides=True)
 
@@ -66,6 +73,8 @@ def run(args, overrides: list[str] | None = None) -> int:
     if out.exists() and any(out.iterdir()):
         print(f"error: {out} exists; choose another --output-dir", file=sys.stderr)
         return 2
+    if args.staleness is not None:
+        return _run_sweep(base, out, args)
     k = base.rollout.max_staleness if args.async_staleness is None else args.async_staleness
     if k == 0:
         print("error: the async run needs max_staleness ≥ 1 (--async-staleness)", file=sys.stderr)
@@ -101,6 +110,31 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(json.dumps(summary))
     else:
         _print_summary(summary)
+    return 0
+
+
+def _run_sweep(base, out: Path, args) -> int:
+    from tokenflow.bench.pipeline_staleness import SETTINGS, parse_staleness, print_table, sweep
+
+    try:
+        ks = parse_staleness(args.staleness)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    settings = [s.strip() for s in args.corrections.split(",") if s.strip()]
+    bad = [s for s in settings if s not in SETTINGS]
+    if bad or not settings:
+        print(f"error: --corrections takes on, off or on,off (got {args.corrections!r})", file=sys.stderr)
+        return 2
+    if args.seeds < 1 or args.teacher:
+        print("error: --staleness needs --seeds ≥ 1 and no --teacher", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    result = sweep(base, out, ks, [base.run.seed + i for i in range(args.seeds)], settings)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
     return 0
 
 
