@@ -72,8 +72,10 @@ def generate_with_progress(engine, max_tokens: int, stop: tuple[str, ...]):
 
 def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
     """Held-out success of greedy multi-turn episodes (an environment task): the share of
-    episodes whose reward (rubric + step rewards) is at least 0.5, as the runtime's evaluation."""
+    episodes whose reward (rubric + step rewards) is at least
+    ``CORRECT_REWARD`` (0.5), as the runtime's evaluation."""
     from tokenflow.engine import SamplingParams
+    from tokenflow.rollout import CORRECT_REWARD
     from tokenflow.runtime.drivers.episodes import EpisodeSpec, run_episodes
     from tokenflow.runtime.view.progress import Progress
     from tokenflow.scoring.episodes import episode_reward
@@ -97,7 +99,7 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
         if rows[-1].failed:
             continue
         reward = normalise_reward(episode_reward(p.text, [scored_text(r) for r in rows], p.example)[-1])
-        wins += reward["reward"] >= 0.5
+        wins += reward["reward"] >= CORRECT_REWARD
     return wins / max(1, len(prompts))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from tokenflow.metrics import trace
+from tokenflow.rollout import CORRECT_REWARD
 
 
 class HeldOutEval:
@@ -61,9 +62,9 @@ class HeldOutEval:
         return all(v is not None for v in self.scored.values())
 
     def finish(self) -> float:
-        """The round's accuracy: the share of prompts whose greedy completion scored ≥ 0.5 (a
+        """The round's accuracy: the share of prompts whose greedy completion scored ≥ ``CORRECT_REWARD`` (a
         failed score counts as wrong)."""
         rewards = [g[0].reward if not g[0].failed else 0.0 for g in self.scored.values()]
         trace.record("orchestrator/eval", self._t0, time.time() - self._t0, n=len(self.prompts))
         self.scored = {}
-        return sum(r >= 0.5 for r in rewards) / max(1, len(rewards))
+        return sum(r >= CORRECT_REWARD for r in rewards) / max(1, len(rewards))
