@@ -105,11 +105,16 @@ def check_lora(run, rows):
 
 def check_ppo_gae(run, rows):
     """examples/ppo_gae.toml: the value head is in the trainer's state and has moved from its
-    initialisation (its bias starts at exactly 0), and the value loss is in every step."""
+    initialisation (its bias starts at exactly 0), and the value loss is in every step. Two
+    mini-batches per batch: two optimizer steps per step, and the second one's ratio against
+    π_prox (the weights before the batch) leaves 1, so the approximate KL the clip bounds is
+    positive (with one optimizer step per batch it is exactly 0: the ratio is ≡ 1)."""
     head = trainer_state(run)["value_head"]
     assert head is not None and set(head) == {"proj.weight", "proj.bias"}
     assert float(head["proj.bias"].abs().max()) > 0.0
     assert all(r["loss/value"] > 0 and "value/abs_error" in r for r in rows)
+    assert all(r["optim/steps"] == 2 for r in rows), [r["optim/steps"] for r in rows]
+    assert all(r["policy/approx_kl"] > 0.0 for r in rows), [r["policy/approx_kl"] for r in rows]
 
 
 def check_reinforce_pp_kl(run, rows):
