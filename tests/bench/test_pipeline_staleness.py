@@ -46,7 +46,10 @@ def test_sweep_rows_summarise_their_runs(tmp_path):
         assert algorithm["behaviour_logprobs"] is (run["corrections"] == "on")
     for (k, setting), row in rows.items():
         assert row["gap"] == pytest.approx(row["accuracy_mean"] - rows[(0, "-")]["accuracy_mean"])
-        assert row["token_age_max"] <= k
+        hist = row["token_age_histogram"]
+        assert row["token_age_max"] == max(int(a) for a, c in hist.items() if c)
+        assert sum(hist.values()) == sum(sum(r["token_age_histogram"].values()) for r in result["runs"]
+                                         if r["k"] == k and r["corrections"] == (setting if k else "on"))
     # Synchronously π_prox = μ up to the engine/trainer mismatch; with K = 2 and the weight on,
     # stale tokens carry w = π_prox/μ that differs from 1 by far more than that mismatch (1e-6).
     # Off, the trainer reports the weight it used: exactly 1.
