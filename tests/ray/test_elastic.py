@@ -15,7 +15,7 @@ from tokenflow.cli.main import build_parser
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # a real run on three Ray nodes; a lost group would hang it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # a real run on three Ray nodes; a lost group would hang it
 
 STEPS = 40
 
