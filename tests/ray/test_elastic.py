@@ -1,6 +1,7 @@
 """Elastic engines on a multi-node local Ray cluster: an engine removed and one added mid-run by
-`tokenflow engines`, nothing lost or repeated, the added engine's tokens tagged with the
-versions it really loaded."""
+`tokenflow engines` (broadcast sync across nodes), an engine added by ``runtime.elastic`` while
+the trainer waits on generation (shared memory on one node); nothing lost or repeated, the added
+engines' tokens tagged with the versions they really loaded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.runtime.helpers import ledger, small_config, step_rows
 from tokenflow.cli.main import build_parser
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
+from tokenflow.runtime.run.control import read_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # a real run on three Ray nodes; a lost group would hang it
 
@@ -22,13 +24,13 @@ STEPS = 40
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """Three Ray nodes (raylets) on this machine, 1 + 1 + 2 logical CPUs: the trainer and the two
-    first engines take three, the added engine the fourth."""
+    """Three Ray nodes (raylets) on this machine with 1 + 1 + 3 logical CPUs: room for a trainer and
+    three engines spread over them, or for a trainer and two engines on one node (shared memory)."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for cpus in (1, 2):
+    for cpus in (1, 3):
         cluster.add_node(num_cpus=cpus)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
@@ -39,6 +41,42 @@ def three_nodes():
         cluster.shutdown()
 
 
+def run_config(*overrides: str):
+    return small_config("--runtime.backend", "ray", "--rollout.max_staleness", "2", "--run.checkpoint_every", "0",
+                        "--run.save_rollouts", "true", "--runtime.worker_timeout_s", "60",
+                        "--runtime.ray_engine_cpus", "1", "--runtime.ray_trainer_cpus", "1",
+                        # One group at a time per engine: the engines are the bottleneck, so each
+                        # holds queued groups whenever it is removed (and the trainer waits on them).
+                        "--engine.max_num_seqs", "4", *overrides)
+
+
+def exactly_once(run, summary, steps: int) -> None:
+    """Every admitted prompt was consumed once, or is still in flight at the end."""
+    assert summary["steps"] == steps
+    rows = step_rows(run)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["rollout/count"] == 16 for r in rows)  # whole groups only
+    consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
+    assert len(consumed) == len(set(consumed)) == steps * 4
+    everything = sorted(consumed + summary["in_flight_prompt_ids"])
+    assert everything == list(range(len(everything)))
+
+
+def joined_with_its_versions(run, name: str) -> tuple[dict, set]:
+    """The engine's "joined" record and the versions on its trained tokens, each one it loaded
+    (no earlier than the trainer's version when it joined)."""
+    events = read_jsonl(run / "engines.jsonl")
+    joined = next(e for e in events if e["event"] == "joined" and e["engine"] == name)
+    loaded = [e["version"] for e in events if e["event"] == "loaded" and e["engine"] == name]
+    assert loaded and min(loaded) >= joined["version"] and loaded == sorted(loaded)
+    mine = [r for r in read_jsonl(run / "rollouts.jsonl") if r["engine"] == name]
+    assert mine, f"{name} generated nothing that was trained"
+    versions = {v for r in mine for v in r["versions"]}
+    assert versions <= set(loaded), (versions, loaded)
+    assert min(versions) >= joined["version"] >= 1
+    return joined, versions
+
+
 def engines_cli(*argv: str) -> int:
     args = build_parser().parse_args(["engines", *argv])
     return args.func(args)
@@ -46,14 +84,8 @@ def engines_cli(*argv: str) -> int:
 
 def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_nodes):
     run = tmp_path / "run"
-    cfg = small_config("--runtime.backend", "ray", "--runtime.num_engines", "2", "--runtime.max_engines", "3",
-                       "--sync.transport", "broadcast", "--rollout.max_staleness", "2",
-                       "--run.steps", str(STEPS), "--run.checkpoint_every", "0", "--run.save_rollouts", "true",
-                       "--runtime.worker_timeout_s", "60",
-                       "--runtime.ray_engine_cpus", "1", "--runtime.ray_trainer_cpus", "1",
-                       # One group at a time per engine: the engines are the bottleneck, so each
-                       # holds queued groups whenever it is removed (and the trainer waits on them).
-                       "--engine.max_num_seqs", "4")
+    cfg = run_config("--runtime.num_engines", "2", "--runtime.max_engines", "3", "--sync.transport", "broadcast",
+                     "--run.steps", str(STEPS))
     done: dict = {}
 
     def drive() -> None:
@@ -80,41 +112,49 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
     wall = time.time() - t0
     assert done.get("remove") == 0 and done.get("add") == 0, done
     assert done["add_at"] < STEPS - 1, f"the run was nearly over before the engines changed: {done}"
-    assert summary["steps"] == STEPS
     assert summary["engines"]["removed"] == ["engine0"] and summary["engines"]["added"] == ["engine2"]
     assert summary["engines"]["final"] == ["engine1", "engine2"]
-    rows = step_rows(run)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    assert all(r["rollout/count"] == 16 for r in rows)  # whole groups only
-
-    # Exactly once: every admitted prompt was consumed once, or is still in flight at the end.
-    consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
-    assert len(consumed) == len(set(consumed)) == STEPS * 4
-    everything = sorted(consumed + summary["in_flight_prompt_ids"])
-    assert everything == list(range(len(everything)))
+    exactly_once(run, summary, STEPS)
 
     events = read_jsonl(run / "engines.jsonl")
     trained = read_jsonl(run / "rollouts.jsonl")
-    # engine0's in-flight groups went to the others, and each was trained once, from them.
+    # engine0's in-flight groups went to the others, and each was trained once, from them (the
+    # oldest groups in flight: trained long before the end, so none may be missing).
     readmitted = next(e["groups"] for e in events if e["event"] == "readmitted" and e["engine"] == "engine0")
     assert readmitted, "engine0 held no group when it was removed: the test proved nothing"
     again = [r for r in trained if r["group_id"] in readmitted]
-    assert again and {r["engine"] for r in again} <= {"engine1", "engine2"}
-    # (the oldest groups in flight: trained long before the end, so none may be missing)
+    assert {r["engine"] for r in again} <= {"engine1", "engine2"}
     assert sorted(r["group_id"] for r in again) == sorted(g for g in readmitted for _ in range(4))
 
     # The added engine: placed on a node of the cluster, got work only after it held the
     # trainer's weights, and every token it generated carries a version it had loaded.
-    joined = next(e for e in events if e["event"] == "joined")
-    assert joined["engine"] == "engine2" and joined["version"] >= done["add_at"] >= 1
+    joined, versions = joined_with_its_versions(run, "engine2")
+    assert joined["version"] >= done["add_at"]
     assert joined["node"] in {n["NodeID"] for n in three_nodes.nodes() if n["Alive"]}
-    loaded = [e["version"] for e in events if e["event"] == "loaded" and e["engine"] == "engine2"]
-    assert loaded and min(loaded) >= joined["version"] and loaded == sorted(loaded)
     mine = [r for r in trained if r["engine"] == "engine2"]
-    assert mine, "the added engine generated nothing that was trained"
-    versions = {v for r in mine for v in r["versions"]}
-    assert versions <= set(loaded), (versions, loaded)
-    assert min(versions) >= joined["version"]
     print(f"elastic run: {STEPS} steps in {wall:.1f}s; removed engine0 at step {done['remove_at']} "
           f"({len(readmitted)} groups re-sent), engine2 joined at version {joined['version']}, "
           f"{len(mine)} of its rollouts trained, versions {sorted(versions)}")
+
+
+def test_runtime_elastic_adds_an_engine_while_the_trainer_waits_on_generation(tmp_path, three_nodes):
+    # Shared memory: the trainer and its engines on one node (the 3-CPU one); the added engine is
+    # pinned there too. One engine cannot keep up with the trainer, so it waits on generation.
+    run = tmp_path / "run"
+    steps = 30
+    cfg = run_config("--runtime.elastic", "true", "--runtime.max_engines", "2", "--runtime.elastic_patience", "2",
+                     "--sync.transport", "shared_memory", "--runtime.ray_placement_strategy", "STRICT_PACK",
+                     "--run.steps", str(steps))
+    summary = train(cfg, run)
+    exactly_once(run, summary, steps)
+    events = read_jsonl(run / "engines.jsonl")
+    decided = [e for e in events if e["event"] == "decided"]
+    assert decided and decided[0]["op"] == "add" and "the trainer waited on generation" in decided[0]["why"], decided
+    assert summary["engines"]["added"][:1] == ["engine1"]
+    joined, versions = joined_with_its_versions(run, "engine1")
+    assert joined["why"] == decided[0]["why"]
+    nodes = {e["name"]: e["node"] for e in read_status(run)["engines"]}
+    if "engine" in nodes:  # (unless runtime.elastic took the first engine out again later)
+        assert joined["node"] == nodes["engine"]  # shared memory: beside the trainer
+    print(f"runtime.elastic: {[(e['op'], e['step'], e['why']) for e in decided]}; engine1 joined at version "
+          f"{joined['version']} (step {joined['step']}), versions {sorted(versions)}; final {summary['engines']}")
