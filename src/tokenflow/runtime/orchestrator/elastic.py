@@ -123,6 +123,8 @@ class Elastic:
 
     def close(self) -> None:
         self._finish_window()
+        for req in self.control.poll():  # placed after the last step: answered, not left waiting
+            self.control.reply(req.id, "failed", "the run is finishing; nothing is changed")
         if self.scaler is not None:
             self.scaler.close()
         self._write_status()
