@@ -140,12 +140,29 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
 def test_runtime_elastic_adds_an_engine_while_the_trainer_waits_on_generation(tmp_path, three_nodes):
     # Shared memory: the trainer and its engines on one node (the 3-CPU one); the added engine is
     # pinned there too. One engine cannot keep up with the trainer, so it waits on generation.
+    # Once the rule's engine has joined, the first engine is removed by hand: the shared-memory
+    # slots are rebuilt for one reader while it still holds groups.
     run = tmp_path / "run"
     steps = 30
     cfg = run_config("--runtime.elastic", "true", "--runtime.max_engines", "2", "--runtime.elastic_patience", "2",
                      "--sync.transport", "shared_memory", "--runtime.ray_placement_strategy", "STRICT_PACK",
                      "--run.steps", str(steps))
+    done: dict = {}
+
+    def remove_the_first_engine_once_the_second_joined() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            log = run / "engines.jsonl"
+            if log.exists() and any(e["event"] == "joined" for e in read_jsonl(log)):
+                done["nodes"] = {e["name"]: e["node"] for e in read_status(run)["engines"]}
+                done["remove"] = engines_cli("remove", "--run", str(run), "--engine", "engine", "--wait", "60")
+                return
+            time.sleep(0.05)
+
+    driver = threading.Thread(target=remove_the_first_engine_once_the_second_joined, daemon=True)
+    driver.start()
     summary = train(cfg, run)
+    driver.join(timeout=5)
     exactly_once(run, summary, steps)
     events = read_jsonl(run / "engines.jsonl")
     decided = [e for e in events if e["event"] == "decided"]
@@ -153,8 +170,12 @@ def test_runtime_elastic_adds_an_engine_while_the_trainer_waits_on_generation(tm
     assert summary["engines"]["added"][:1] == ["engine1"]
     joined, versions = joined_with_its_versions(run, "engine1")
     assert joined["why"] == decided[0]["why"]
-    nodes = {e["name"]: e["node"] for e in read_status(run)["engines"]}
-    if "engine" in nodes:  # (unless runtime.elastic took the first engine out again later)
-        assert joined["node"] == nodes["engine"]  # shared memory: beside the trainer
+    assert joined["node"] == done["nodes"]["engine"]  # shared memory: beside the trainer
+    assert done["remove"] == 0 and "engine" in summary["engines"]["removed"], (done, summary["engines"])
+    readmitted = next(e["groups"] for e in events if e["event"] == "readmitted" and e["engine"] == "engine")
+    again = [r for r in read_jsonl(run / "rollouts.jsonl") if r["group_id"] in readmitted]
+    assert readmitted and {r["engine"] for r in again} <= {"engine1", "engine2"}
+    assert sorted(r["group_id"] for r in again) == sorted(g for g in readmitted for _ in range(4))
     print(f"runtime.elastic: {[(e['op'], e['step'], e['why']) for e in decided]}; engine1 joined at version "
-          f"{joined['version']} (step {joined['step']}), versions {sorted(versions)}; final {summary['engines']}")
+          f"{joined['version']} (step {joined['step']}), versions {sorted(versions)}; engine removed with "
+          f"{len(readmitted)} groups re-sent; final {summary['engines']}")
