@@ -82,7 +82,7 @@ def engines_cli(*argv: str) -> int:
     return args.func(args)
 
 
-def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_nodes):
+def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_nodes, capsys):
     run = tmp_path / "run"
     cfg = run_config("--runtime.num_engines", "2", "--runtime.max_engines", "3", "--sync.transport", "broadcast",
                      "--run.steps", str(STEPS))
@@ -103,6 +103,9 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
         if wait_steps(done.get("remove_at", 99) + 1):  # the run goes on while the new engine loads
             done["add_at"] = len(step_rows(run))
             done["add"] = engines_cli("add", "--run", str(run), "--wait", "90")
+            # Refused, and nothing changes: past max_engines, below min_engines, an unknown name.
+            done["refused"] = [engines_cli(*argv, "--run", str(run), "--wait", "20", "--json") for argv in (
+                ("add", "--count", "2"), ("remove", "--count", "2"), ("remove", "--engine", "engine7"))]
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
@@ -110,7 +113,12 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
     summary = train(cfg, run)
     driver.join(timeout=5)
     wall = time.time() - t0
-    assert done.get("remove") == 0 and done.get("add") == 0, done
+    assert done.get("remove") == 0 and done.get("add") == 0 and done.get("refused") == [1, 1, 1], done
+    replies = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["message"] for r in replies] == [
+        "that would make 4 engines; runtime.max_engines is 3",
+        "that would leave 0 engine(s); runtime.min_engines is 1",
+        "no engine 'engine7' runs now (the engines: engine1, engine2)"], replies
     assert done["add_at"] < STEPS - 1, f"the run was nearly over before the engines changed: {done}"
     assert summary["engines"]["removed"] == ["engine0"] and summary["engines"]["added"] == ["engine2"]
     assert summary["engines"]["final"] == ["engine1", "engine2"]
