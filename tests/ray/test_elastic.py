@@ -103,6 +103,7 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
         if wait_steps(done.get("remove_at", 99) + 1):  # the run goes on while the new engine loads
             done["add_at"] = len(step_rows(run))
             done["add"] = engines_cli("add", "--run", str(run), "--wait", "90")
+            done["list"] = engines_cli("list", "--run", str(run), "--json")
             # Refused, and nothing changes: past max_engines, below min_engines, an unknown name.
             done["refused"] = [engines_cli(*argv, "--run", str(run), "--wait", "20", "--json") for argv in (
                 ("add", "--count", "2"), ("remove", "--count", "2"), ("remove", "--engine", "engine7"))]
@@ -113,8 +114,12 @@ def test_an_engine_removed_and_one_added_mid_run_lose_nothing(tmp_path, three_no
     summary = train(cfg, run)
     driver.join(timeout=5)
     wall = time.time() - t0
-    assert done.get("remove") == 0 and done.get("add") == 0 and done.get("refused") == [1, 1, 1], done
-    replies = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert done.get("remove") == 0 and done.get("add") == 0 and done.get("refused") == [1, 1, 1] \
+        and done.get("list") == 0, done
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    listed, replies = printed[0], printed[1:]
+    assert [(e["name"], e["accepting"]) for e in listed["engines"]] == [("engine1", True), ("engine2", True)]
+    assert listed["removed"] == ["engine0"] and listed["max_engines"] == 3
     assert [r["message"] for r in replies] == [
         "that would make 4 engines; runtime.max_engines is 3",
         "that would leave 0 engine(s); runtime.min_engines is 1",
