@@ -38,7 +38,9 @@ class RayEngineScaler:
         self.ray = backend.ray
         self._actor_cls = self.ray.remote(WorkerActor)
         self._next = max(_index(e.name) for e in backend.engines) + 1
-        self._args = backend.engines[0].args  # (model path, engine config, inbox, trace dir)
+        first = backend.engines[0]
+        self._args = first.args  # (model path, engine config, inbox, trace dir)
+        self._restarts = first.max_restarts  # as the run's own engines (whatever the config key)
         self.joining: list[RayWorker] = []
         self.retiring: list[tuple[float, RayWorker]] = []
 
@@ -47,13 +49,13 @@ class RayEngineScaler:
         rt = self.backend.cfg.runtime
         name = f"engine{self._next}"
         self._next += 1
-        opts = actor_options(rt, "engine", None, 0, rt.max_engine_restarts)
+        opts = actor_options(rt, "engine", None, 0, self._restarts)
         if self.backend.cfg.sync.transport == "shared_memory":
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.backend.trainer.node, soft=False)
         actor = self._actor_cls.options(**opts).remote(name)
-        w = RayWorker(name, actor, engine_body, self._args, rt.max_engine_restarts)
+        w = RayWorker(name, actor, engine_body, self._args, self._restarts)
         w.accepting = False  # no work before it holds the current weights
         w.joined_since = time.monotonic()
         self.joining.append(w)
