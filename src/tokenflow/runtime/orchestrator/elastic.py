@@ -125,6 +125,11 @@ class Elastic:
         self._finish_window()
         for req in self.control.poll():  # placed after the last step: answered, not left waiting
             self.control.reply(req.id, "failed", "the run is finishing; nothing is changed")
+        c = self.change
+        if c is not None and c.op == "remove" and c.stage == "resizing":  # out of the list already
+            self.scaler.retire(c.engine)
+            self.removed.append(c.engine.name)
+            self._done(c, f"removed {c.engine.name} as the run ended")
         if self.scaler is not None:
             self.scaler.close()
         self._write_status()
