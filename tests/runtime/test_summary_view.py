@@ -36,3 +36,11 @@ def test_no_tensorboard_folder_no_tensorboard_command(tmp_path):
     console = Console(width=80, record=True, file=open("/dev/null", "w"))
     print_summary({**SUMMARY, "run_dir": str(tmp_path)}, console)
     assert "tensorboard --logdir" not in console.export_text()
+
+
+def test_engines_that_joined_or_left_get_a_row():
+    assert "engines" not in dict(summary_rows({**SUMMARY, "engines": {
+        "added": [], "removed": [], "readmitted_groups": 0, "final": ["engine"]}}))
+    rows = dict(summary_rows({**SUMMARY, "engines": {
+        "added": ["engine2"], "removed": ["engine0"], "readmitted_groups": 4, "final": ["engine1", "engine2"]}}))
+    assert rows["engines"] == "added engine2, removed engine0 (4 groups re-sent); at the end engine1, engine2"

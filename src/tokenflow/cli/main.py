@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": "tokenflow.bench",
     "simulate": "tokenflow.cli.simulate",
     "report": "tokenflow.cli.report",
+    "engines": "tokenflow.cli.engines",
 }
 
 

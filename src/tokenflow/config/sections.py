@@ -181,6 +181,19 @@ class RuntimeConfig(ConfigModel):
     """Longest silence from a worker process before the run stops with its name."""
     num_engines: int = Field(default=1, ge=1)
     """Engine workers (processes, or Ray actors); each prompt group goes to the least-loaded one."""
+    min_engines: int = Field(default=1, ge=1)
+    """Ray backend: the fewest engines `tokenflow engines remove` and ``elastic`` may leave running."""
+    max_engines: int | None = Field(default=None, ge=1)
+    """Ray backend: the most engines `tokenflow engines add` and ``elastic`` may run (None: no bound
+    on the command; ``elastic`` needs one)."""
+    elastic: bool = False
+    """Ray backend: add an engine while the trainer waits on generation and remove one while the
+    engines wait on the trainer, between ``min_engines`` and ``max_engines`` (docs/distributed.md,
+    "Elastic engines")."""
+    elastic_idle_frac: float = Field(default=0.5, gt=0, le=1)
+    """``elastic``: the waiting fraction (of a step's wall time, trainer or engines) that counts as waiting."""
+    elastic_patience: int = Field(default=2, ge=1)
+    """``elastic``: steps in a row of one side waiting before an engine is added or removed."""
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """Local backend: how engine and trainer processes start. "forkserver": forked from a server
     process started before the run's input checks, which imports torch, transformers and the
@@ -207,6 +220,18 @@ class RuntimeConfig(ConfigModel):
     """Ray backend: times a dead engine actor is restarted; its in-flight prompts are re-sent
     and it comes back with the newest weights (under sync.transport = "broadcast" the trainer
     re-forms the weight-sync group around it). The local backend stops the run instead."""
+
+    @model_validator(mode="after")
+    def _engine_bounds(self) -> "RuntimeConfig":
+        top = self.max_engines
+        if self.min_engines > self.num_engines or (top is not None and top < self.num_engines):
+            raise ValueError(f"runtime.num_engines ({self.num_engines}) must lie within runtime.min_engines "
+                             f"({self.min_engines}) and runtime.max_engines ({top})")
+        if self.elastic and self.backend != "ray":
+            raise ValueError('runtime.elastic adds and removes Ray engine actors; set runtime.backend = "ray"')
+        if self.elastic and top is None:
+            raise ValueError("runtime.elastic needs runtime.max_engines (the most engines it may start)")
+        return self
 
 
 class MetricsConfig(ConfigModel):

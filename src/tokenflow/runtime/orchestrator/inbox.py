@@ -35,6 +35,8 @@ def handle(orch, worker: str, msg) -> None:
             orch.heldout.on_generated(msg.group_id, msg.rollouts)
             return
         prompt = orch.prompts[msg.group_id]
+        for r in msg.rollouts:
+            r.info["engine"] = worker  # provenance: which engine (of a changing set) generated it
         orch.calibration.rollouts(msg.rollouts)
         orch.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
     elif isinstance(msg, M.Trained):

@@ -28,6 +28,7 @@ from tokenflow.metrics import phases, trace
 from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime.orchestrator import inbox, run_state
 from tokenflow.runtime.orchestrator.calibration_log import CalibrationLog
+from tokenflow.runtime.orchestrator.elastic import Elastic
 from tokenflow.runtime.orchestrator.heldout import HeldOutEval
 from tokenflow.runtime.orchestrator.learning_signal import SignalWatch
 from tokenflow.runtime.orchestrator.run_state import RunFailed
@@ -113,7 +114,8 @@ class Orchestrator:
     def _send_generate(self, gid: int, prompt, kind: str, params) -> None:
         episode = self.episode_spec(prompt)
         ids = [] if episode is not None else self.encode(prompt.text)  # an episode's reset gives its prompt
-        engine = min(self.backend.engines, key=lambda h: h.load)
+        # An engine that is joining takes no work before it holds the current weights.
+        engine = min((h for h in self.backend.engines if getattr(h, "accepting", True)), key=lambda h: h.load)
         engine.load += params.n
         self.group_engine[gid] = (engine, params.n)
         engine.send(M.Generate(gid, prompt.id, ids, params, kind, episode=episode))
@@ -148,8 +150,9 @@ class Orchestrator:
     def pump(self, timeout: float) -> None:
         env = self.backend.recv(timeout)
         while env is not None:
-            self.last_msg_from[env.worker] = time.monotonic()
-            inbox.handle(self, env.worker, env.message)
+            if self.elastic.admits(env):  # nothing from an engine that was removed
+                self.last_msg_from[env.worker] = time.monotonic()
+                inbox.handle(self, env.worker, env.message)
             env = self.backend.recv(0)
         self.backend.check()
         inbox.check_timeouts(self)
@@ -176,7 +179,8 @@ class Orchestrator:
     def maybe_dispatch(self) -> None:
         # Held while the starting model's evaluation is generated and scored: step 1's weights
         # must not reach an engine that still generates it, and it is logged at step 0.
-        if self.trainer_busy or self.step >= self.cfg.run.steps or self._baseline_pending:
+        if self.trainer_busy or self.step >= self.cfg.run.steps or self._baseline_pending \
+                or self.elastic.holds_dispatch():
             return
         self.buffer.mark_trainer_waiting()
         batch = self.buffer.take_batch(self.step)
@@ -299,6 +303,7 @@ class Orchestrator:
         self.group_engine: dict[int, object] = {}
         self._pending_checkpoint = None
         self.ledger = open(self.run_dir.ledger, "a", encoding="utf-8")
+        self.elastic = Elastic(self)  # engines joining and leaving (Ray); the control folder
         self.progress = Progress(cfg.run.steps, start=self.step, enabled=cfg.metrics.progress)
         t_start = self.t_start = time.monotonic()
         try:
@@ -334,6 +339,7 @@ class Orchestrator:
                 self.collect_scored()
                 self._poll_baseline()
                 self.maybe_dispatch()
+                self.elastic.tick()
                 run_trace.tick()
                 self.pump(0.005 if self.scorer.num_pending else 0.02)
                 run_trace.tick()
@@ -363,8 +369,10 @@ class Orchestrator:
             phases.mark("final_checkpoint_end")
             self.progress.status(None)
             summary = run_state.summary(self, final, train_wall, time.monotonic() - t_start)
+            summary["engines"] = self.elastic.summary()
             self.calibration.write(self.run_dir.calibration, cfg, summary)
             return summary
         finally:
+            self.elastic.close()
             self.progress.close()
             self.ledger.close()

@@ -6,6 +6,8 @@
       prompts.jsonl        the prompt ids each step consumed, and dynamic sampling's dropped ones (exact accounting across resume)
       rollouts.jsonl       every consumed rollout, with run.save_rollouts = true
       workers.json         name → pid of each worker process of the current invocation
+      engines.jsonl        engines joining and leaving, and every weight load per engine (Ray)
+      control/             requests to the live run (`tokenflow engines`, runtime/run/control.py)
       summary.json         baseline/final accuracy, wall time, steps, idle fractions
       calibration.json     component timings for `tokenflow simulate --calibrate`
       tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json,
@@ -162,6 +164,7 @@ class RunDir:
     ledger = property(lambda self: self.root / "prompts.jsonl")
     rollouts = property(lambda self: self.root / "rollouts.jsonl")
     workers = property(lambda self: self.root / "workers.json")
+    engines_log = property(lambda self: self.root / "engines.jsonl")
     summary = property(lambda self: self.root / "summary.json")
     calibration = property(lambda self: self.root / "calibration.json")
     trace_dir = property(lambda self: self.root / "trace")
@@ -207,7 +210,8 @@ class RunDir:
 
     def reset(self) -> None:
         """Forget everything a run that never checkpointed did (it starts again from step 0)."""
-        for path in (self.metrics, self.ledger, self.rollouts, self.summary, self.calibration, self.workers):
+        for path in (self.metrics, self.ledger, self.rollouts, self.summary, self.calibration, self.workers,
+                     self.engines_log):
             path.unlink(missing_ok=True)
         for path in (self.trace_dir, self.root / "tensorboard"):
             shutil.rmtree(path, ignore_errors=True)
@@ -274,7 +278,7 @@ class RunDir:
                     "sample_index": r.sample_index, "prompt_ids": r.prompt_ids.tolist(),
                     "completion_ids": r.completion_ids.tolist(), "logprobs": r.logprobs.tolist(),
                     "versions": r.versions.tolist(), "reward": r.reward, "failed": r.failed,
-                    "finish_reason": r.finish_reason, "text": r.text,
+                    "finish_reason": r.finish_reason, "text": r.text, "engine": r.info.get("engine"),
                     "token_rewards": None if r.token_rewards is None else r.token_rewards.tolist()}) + "\n")
 
     def truncate_after(self, step: int) -> None:

@@ -45,6 +45,11 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     ]
     if summary.get("last_reward_mean") is not None:
         rows.append(("last reward", f"{summary['last_reward_mean']:.3f} (mean of the last batch)"))
+    engines = summary.get("engines") or {}
+    if engines.get("added") or engines.get("removed"):  # engines joined or left (Ray, runtime.elastic)
+        rows.append(("engines", f"added {', '.join(engines['added']) or 'none'}, removed "
+                                f"{', '.join(engines['removed']) or 'none'} ({engines['readmitted_groups']} groups "
+                                f"re-sent); at the end {', '.join(engines['final'])}"))
     return rows
 
 

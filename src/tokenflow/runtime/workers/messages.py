@@ -128,6 +128,21 @@ class ReformSync:
     engine: str
 
 
+@dataclass(frozen=True)
+class ResizeSync:
+    """Engines joined or left the run (``tokenflow.runtime.orchestrator.elastic``): notify
+    ``inboxes`` from now on, and rebuild the weight sync for their number. Broadcast: a new group,
+    as for ``ReformSync``. Shared memory: new slots for the new count, holding the current weights
+    before anyone is told, so an engine that attaches loads them from the slots. Either way the
+    answer is ``SyncReformed``. Only rank 0 reads it (ranks > 0 get a ``ReformSync``: they take
+    part in the gathers the same way)."""
+
+    inboxes: tuple
+    """Each engine's command queue, in receiver order (Ray: ``ActorInbox`` handles)."""
+    engine: str
+    """The engine that joined or left, for the log."""
+
+
 # ---- trainer → orchestrator ----------------------------------------------------------------
 @dataclass
 class TrainerReady:

@@ -19,6 +19,7 @@ from tokenflow.runtime.workers.commands import decode_command, encode_command
 from tokenflow.runtime.workers.messages import (
     Envelope,
     ReformSync,
+    ResizeSync,
     Save,
     Saved,
     Shutdown,
@@ -162,6 +163,22 @@ class TrainerWorker:
                 self.sender.connect()
         return self.push_weights()
 
+    def resize_sync(self) -> dict[str, float]:
+        """The weight sync rebuilt for a new set of engines (``ResizeSync``; ``engine_qs`` is
+        already the new set). Broadcast: a re-formed group, as after a restart. Shared memory:
+        new slots sized for the new count, the current weights packed into them before
+        ``SyncReformed`` goes out and without a notice (an engine still attached to the old slots
+        would read the notice there), so every engine loads them when it attaches."""
+        if self.cfg.sync.transport == "broadcast":
+            return self.reform_sync()
+        if self.rank == 0:
+            self.sender.close()  # the engines' mappings of the old slots stay valid until they detach
+            self.sender = self._new_sender()
+        timings = self.push_weights(notify=lambda msg: None)
+        if self.rank == 0:
+            self.out_q.put(Envelope(self.name, SyncReformed(self.sender.spec, self.trainer.version)))
+        return timings
+
     def _phase(self, what: str, fn):
         """Run ``fn`` on every rank; with several ranks a failure names where each rank was."""
         return self.group.run(what, fn) if self.group is not None else fn()
@@ -170,7 +187,7 @@ class TrainerWorker:
         for q in self.engine_qs:
             q.put(msg)
 
-    def push_weights(self) -> dict[str, float]:
+    def push_weights(self, notify=None) -> dict[str, float]:
         # A broadcast takes the weights where they live (GPU for NCCL); shared memory wants CPU.
         on_device = self.cfg.sync.transport == "broadcast"
         named = lambda: self.trainer.named_weights(cpu=not on_device)  # noqa: E731
@@ -186,7 +203,8 @@ class TrainerWorker:
         weights = named()
         with trace.span("sync/send", version=self.trainer.version):
             try:
-                return self.sender.send(weights, self.trainer.version, notify=self.notify_engines, checksum=checksum)
+                return self.sender.send(weights, self.trainer.version, notify=notify or self.notify_engines,
+                                        checksum=checksum)
             except (TimeoutError, RuntimeError) as e:
                 if not on_device:
                     raise
@@ -227,6 +245,12 @@ class TrainerWorker:
             log.warning("%s: %s was replaced; re-forming the weight-sync group", self.name, msg.engine)
             self._phase("weight-sync reform", self.reform_sync)
             self._report_broken_sync()
+        elif isinstance(msg, ResizeSync):
+            log.info("%s: the engines changed (%s); rebuilding the weight sync for %d", self.name, msg.engine,
+                     len(msg.inboxes))
+            self.engine_qs = list(msg.inboxes)
+            self._phase("weight-sync resize", self.resize_sync)
+            self._report_broken_sync()
         elif isinstance(msg, Shutdown):
             return False
         else:
@@ -249,7 +273,10 @@ class TrainerWorker:
                         msg = None
                         break
             if msg is not None and self.group is not None:
-                self.group.post(encode_command(msg))
+                # The other ranks need no engine handles: they take part in a resize's gathers as
+                # in a re-formed group's.
+                forward = ReformSync(msg.engine) if isinstance(msg, ResizeSync) else msg
+                self.group.post(encode_command(forward))
         if msg is None:
             log.warning("%s: the orchestrator is gone; exiting", self.name)
         elif self.group is not None:
