@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -68,9 +69,12 @@ def _one_run(base, folder: Path, k: int, seed: int, setting: str) -> dict:
             "output_dir": str(folder)}
 
 
-def _aggregate(runs: list[dict]) -> dict:
-    from tokenflow.bench.pipeline import _mean_sd
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample sd (0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
+
+def _aggregate(runs: list[dict]) -> dict:
     acc_mean, acc_sd = _mean_sd([r["accuracy"] for r in runs])
     wall_mean, wall_sd = _mean_sd([r["train_wall_s"] for r in runs])
     hist: dict[str, int] = {}
