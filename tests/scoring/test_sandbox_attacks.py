@@ -68,7 +68,9 @@ def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
     assert r["reason"] != "setup_failed", r["notes"]
     assert "ATTACK-DONE" in out, f"the attack did not run to its end ({r['reason']}): {r['stderr'][-800:]}"
     assert not left, f"{name} ({mode}) left behind: {left}"
-    if sandbox_mode == "hand" and name in VISIBLE_WITHOUT_PRIVATE_ROOT:
+    # The default mode falls back to the hand layers (and says so) where bubblewrap is missing.
+    hand = sandbox_mode == "hand" or (sandbox_mode is None and not bwrap.find())
+    if hand and name in VISIBLE_WITHOUT_PRIVATE_ROOT:
         assert "private_root" not in r["layers"]  # reported missing: the known gap of this mode
         return
     assert not escapes and not breaches, f"{name} ({mode}) got through: {escapes + breaches}"
