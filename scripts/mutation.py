@@ -24,6 +24,7 @@ shared 2-core machine a small module takes a few minutes, all of them well under
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -113,10 +114,28 @@ def results(folder: Path) -> dict[str, str]:
     return found
 
 
-def diff(folder: Path, mutant: str) -> str:
-    out = run_mutmut(folder, "show", mutant, capture=True)
-    lines = out.stdout.splitlines()
-    return "\n".join(lines[1:]).strip() if out.returncode == 0 else f"(mutmut show failed: {out.stderr[-300:]})"
+# `mutmut show NAME` for many names in one interpreter (a process per name costs seconds each).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+out = {}
+for name in json.loads(sys.stdin.read()):
+    try:
+        out[name] = get_diff_for_mutant(name, path=find_mutant(name).path).strip()
+    except Exception as e:  # noqa: BLE001  (reported in place of the diff)
+        out[name] = f"(no diff: {type(e).__name__}: {e})"
+print(json.dumps(out))
+"""
+
+
+def diffs(folder: Path, mutants: list[str]) -> dict[str, str]:
+    if not mutants:
+        return {}
+    out = subprocess.run([sys.executable, "-c", _DIFFS], cwd=folder, env=mutmut_env(), text=True,
+                         input=json.dumps(mutants), capture_output=True)
+    if out.returncode != 0:
+        return {m: f"(no diff: {out.stderr[-300:]})" for m in mutants}
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def summarize(name: str, entry: dict, folder: Path, seconds: float | None,
@@ -138,11 +157,11 @@ def summarize(name: str, entry: dict, folder: Path, seconds: float | None,
              f"{len(equiv)} equivalent (listed in pyproject), {no_tests} not run by any listed test, {other} other; "
              f"kill rate {rate:.1%} of the non-equivalent ones"
              + (f"; {seconds / 60:.1f} min" if seconds is not None else ""), ""]
-    for mutant, s in sorted(status.items()):
-        if s in KILLED | TIMEOUT:
-            continue
-        label = f"equivalent: {equivalent[mutant]}" if mutant in equiv else s
-        lines += [f"### `{mutant}`: {label}", "", "```diff", diff(folder, mutant), "```", ""]
+    shown = sorted(m for m, s in status.items() if s not in KILLED | TIMEOUT)
+    text = diffs(folder, shown)
+    for mutant in shown:
+        label = f"equivalent: {equivalent[mutant]}" if mutant in equiv else status[mutant]
+        lines += [f"### `{mutant}`: {label}", "", "```diff", text.get(mutant, "(no diff)"), "```", ""]
     return "\n".join(lines), figures
 
 
