@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = load_equivalent(data)
     sections, table = [], []
     for name in chosen:
+        modules, data = load_modules()  # read again: an edit made while earlier modules ran applies
+        equivalent = load_equivalent(data)
         folder = prepare(name, modules[name], data)
         seconds = None
         if not args.report_only:
