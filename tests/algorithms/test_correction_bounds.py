@@ -27,3 +27,33 @@ def test_tis_clips_only_weights_above_the_cap():
                     torch.tensor([-2.0, -1.0]), torch.tensor([-2.0, -2.0]))
     assert c.tis_clipped.tolist() == [False, True]
     assert c.weight[0].item() == 1.0
+
+
+def test_the_weight_the_loss_uses_is_capped_only_with_a_cap():
+    lp, mu = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -2.0])  # w = e, 1
+    capped = corrections(AlgorithmConfig(objective="direct", tis_cap=1.0), lp, mu)
+    assert capped.used_w.tolist() == [1.0, 1.0]
+    for off in (0.0, None):  # 0 is off too
+        c = corrections(AlgorithmConfig(objective="direct", tis_cap=off), lp, mu)
+        torch.testing.assert_close(c.used_w, torch.exp(torch.tensor([1.0, 0.0])))
+        assert c.tis_clipped.tolist() == [False, False]
+
+
+def test_is_masking_keeps_weights_on_its_bounds():
+    # w = 1 exactly (π = μ), e and 1/e: on the bound [1, 2] or [0.5, 1] the 1 is kept
+    lp, mu = torch.tensor([-2.0, -1.0, -3.0]), torch.tensor([-2.0, -2.0, -2.0])
+    low = corrections(AlgorithmConfig(objective="direct", tis_cap=None, is_mask_low=1.0, is_mask_high=2.0), lp, mu)
+    assert low.keep.tolist() == [True, False, False] and low.is_masked.tolist() == [False, True, True]
+    high = corrections(AlgorithmConfig(objective="direct", tis_cap=None, is_mask_low=0.5, is_mask_high=1.0), lp, mu)
+    assert high.keep.tolist() == [True, False, False]
+
+
+def test_opsm_drops_only_negative_advantage_sequences_past_delta():
+    # four one-token sequences, δ = 0.5; log μ − log π = 0.5 (on δ: kept), 1, 1, 1
+    lp = torch.tensor([-1.5, -2.0, -2.0, -2.0])
+    mu = torch.tensor([-1.0, -1.0, -1.0, -1.0])
+    adv = torch.tensor([-1.0, 0.0, 0.5, -1.0])  # the second and third are not negative: kept
+    c = apply_corrections(AlgorithmConfig(objective="direct", tis_cap=None, opsm_delta=0.5), logprobs=lp,
+                          behaviour=mu, prox=None, adv=adv, mask=torch.ones(4, dtype=torch.bool),
+                          seq_index=torch.arange(4), num_seqs=4)
+    assert c.keep.tolist() == [True, True, True, False] and c.opsm_dropped.tolist() == [False, False, False, True]
