@@ -66,7 +66,7 @@ def module_pyproject(data: dict, entry: dict) -> str:
     tests = [t for t in entry["tests"] if (ROOT / t).exists()]
     if not tests:
         raise SystemExit(f"none of the tests listed for {source} exist: {entry['tests']}")
-    tool = dict(data["tool"])
+    tool = {k: v for k, v in data["tool"].items() if k != "tokenflow"}  # the equivalents are the runner's
     tool["mutmut"] = {**tool["mutmut"], "only_mutate": only, "pytest_add_cli_args_test_selection": tests}
     return tomli_w.dumps({**data, "tool": tool})
 
@@ -80,12 +80,9 @@ def prepare(name: str, entry: dict, data: dict) -> Path:
             if link.exists():
                 shutil.rmtree(link)
             link.symlink_to(ROOT / sub, target_is_directory=True)
-    text = module_pyproject(data, entry)
-    pyproject = folder / "pyproject.toml"
-    if pyproject.exists() and pyproject.read_text() != text:
-        # Other tests or sources: mutmut's cached stats and results no longer apply.
-        shutil.rmtree(folder / "mutants", ignore_errors=True)
-    pyproject.write_text(text)
+    # mutmut fingerprints its own config: other sources or tests reset its results, and new test
+    # functions get their stats collected; a kept result is re-tested only when named (`survivors`).
+    (folder / "pyproject.toml").write_text(module_pyproject(data, entry))
     return folder
 
 
@@ -112,6 +109,11 @@ def results(folder: Path) -> dict[str, str]:
         if m:
             found[m.group(1)] = m.group(2).strip()
     return found
+
+
+def survivors(folder: Path) -> list[str]:
+    """Mutants not killed so far (survived or run by no test): the ones to try again."""
+    return sorted(m for m, s in results(folder).items() if s in SURVIVED | NO_TESTS)
 
 
 # `mutmut show NAME` for many names in one interpreter (a process per name costs seconds each).
@@ -200,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(log, "w") as out:  # mutmut's live progress, kept out of this output
                 run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
                                      cwd=folder, env=mutmut_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+                # mutmut keeps a verdict until its function changes; a test added to kill a survivor
+                # is only tried on the survivors named again.
+                again = [m for m in survivors(folder) if m not in equivalent] if run.returncode == 0 else []
+                if again:
+                    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                                          str(args.max_children), *again],
+                                         cwd=folder, env=mutmut_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
             seconds = time.monotonic() - start
             if run.returncode != 0:
                 print(f"mutmut run failed for {name} (exit {run.returncode}); see {log.relative_to(ROOT)}",
