@@ -18,7 +18,9 @@ def test_construction_normalises_dtypes_and_shapes():
     assert r.loss_mask.tolist() == [1, 1] and r.loss_mask.dtype == np.int8
     ids, lp = r.top_logprobs[0]
     assert (ids.dtype, lp.dtype, ids.tolist(), lp.tolist()) == (np.int32, np.float32, [3, 9], [-0.5, -2.0])
-    assert Rollout([1], [2, 3], [0.0, 0.0], [0, 0], loss_mask=[[1, 0]]).loss_mask.tolist() == [1, 0]
+    nested = Rollout([1], [2, 3], [[0.0, -1.0]], [0, 0], loss_mask=[[1, 0]], turns=[[0, 1]])  # flattened
+    assert nested.loss_mask.tolist() == [1, 0] and nested.loss_mask.dtype == np.int8
+    assert nested.logprobs.tolist() == [0.0, -1.0] and nested.turns.tolist() == [0, 1]
     # full-vocabulary log-probs add the support's log-mass; ages are against the trainer's version
     assert r.full_logprobs.tolist() == [-0.5, -1.75] and r.token_ages(5).tolist() == [4, 3]
     assert Rollout([1], [2], [-0.5], [0]).full_logprobs.tolist() == [-0.5]
@@ -98,6 +100,8 @@ def test_append_environment_extends_each_optional_field():
     assert r.info == {"k": 1} and r.rewards == {"acc": 1.0}
     plain = Rollout([1], [2], [0.0], [3]).append_environment([5])
     assert (plain.support, plain.support_logmass, plain.top_logprobs, plain.token_rewards) == (None, None, None, None)
+    # the last generated token's version, not an environment token's after it
+    assert Rollout([1], [2, 3], [0.0, 0.0], [3, 7], loss_mask=[1, 0]).append_environment([5]).versions.tolist() == [3, 7, 3]
     # no generated token at all: the last token's version; no token: version 0
     assert Rollout([1], [2], [0.0], [6], loss_mask=[0]).append_environment([5]).versions.tolist() == [6, 6]
     assert Rollout([1], [], [], []).append_environment([5]).versions.tolist() == [0]
@@ -105,11 +109,15 @@ def test_append_environment_extends_each_optional_field():
 
 def test_append_environment_refusals_name_the_ids():
     r = Rollout([1], [2], [0.0], [0])
+    assert r.append_environment([0]).completion_ids.tolist() == [2, 0]  # id 0 is a token like any other
+    with pytest.raises(ValueError) as e:
+        r.append_environment(list(range(-1, -10, -1)))
+    assert str(e.value) == "token ids must be >= 0, got [-1, -2, -3, -4, -5, -6, -7, -8]"  # the first eight
     with pytest.raises(ValueError) as e:
         r.append_environment([])
     assert str(e.value) == "append_environment needs at least one token id"
     with pytest.raises(ValueError) as e:
-        r.append_environment([3, -1, -2])
+        r.append_environment([3, 0, -1, -2])
     assert str(e.value) == "token ids must be >= 0, got [-1, -2]"
 
 

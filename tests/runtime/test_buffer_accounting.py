@@ -4,6 +4,7 @@ waits on an explicit clock, the checkpoint state and its reload, and what counts
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -116,3 +117,36 @@ def test_put_of_a_group_not_admitted_names_it():
     with pytest.raises(KeyError) as e:
         buf.put([sample(3, [0], 1.0)])
     assert e.value.args[0] == "group 3 was not admitted (or was already put)"
+
+
+def test_waits_on_the_monotonic_clock_add_up_over_separate_spells():
+    buf = RolloutBuffer(prompts_per_step=1, group_size=1, max_staleness=0)
+    assert buf.last_batch_dropped == 0 and buf.dynamic_sampling is None
+    for spell in range(2):
+        buf.admit(spell, spell)
+        assert not buf.can_admit()  # blocked from now on the real clock
+        buf.mark_trainer_waiting()
+        time.sleep(0.02)
+        buf.put([sample(spell, [spell], 1.0)])
+        assert buf.take_batch(spell) is not None
+        buf.set_engine_version(spell + 1)
+        assert buf.can_admit()
+    # two spells of at least 20 ms each, on both clocks; neither replaced the other
+    assert buf.stats.admission_wait_s >= 0.04 and buf.stats.batch_wait_s >= 0.04
+    assert (buf.stats.groups_admitted, buf.stats.groups_ready, buf.stats.groups_consumed) == (2, 2, 2)
+
+
+def test_flat_groups_past_the_cap_are_each_counted_and_warned_about_once(caplog):
+    buf = RolloutBuffer(prompts_per_step=4, group_size=2, max_staleness=0, dynamic_sampling=DynamicSampling(max_drops=1))
+    for gid in range(3):
+        buf.admit(gid, gid)
+    with caplog.at_level(logging.WARNING, logger="tokenflow.buffer"):
+        assert buf.put([sample(0, [0], 0.0), sample(0, [0], 0.0)]) is False
+        assert buf.put([sample(1, [0], 0.0), sample(1, [0], 0.0)]) is True
+        assert buf.put([sample(2, [0], 1.0), sample(2, [0], 1.0)]) is True
+    assert buf.stats.flat_groups_kept == 2 and buf.stats.groups_ready == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "dynamic sampling dropped 1 all-correct or all-wrong groups since the last batch (the cap, "
+        "algorithm.dynamic_sampling_max_batches × rollout.prompts_per_step); such groups are kept until the next "
+        "batch so the run goes on. When every group is all correct or all wrong the task is solved or too hard "
+        "for the model: see docs/howto/doesnt-learn.md. Counted as buffer/flat_groups_kept."]

@@ -4,9 +4,10 @@ what `to_train_sequence` does with an empty prompt and with undefined log-probs.
 
 import numpy as np
 import pytest
+import torch
 
 from tokenflow.rollout import Rollout
-from tokenflow.trainer.batch import collate_rows, micro_batches, pack, stack_rows, to_train_sequence
+from tokenflow.trainer.batch import collate, collate_rows, micro_batches, pack, stack_rows, to_train_sequence
 
 
 def seqs(routing=False):
@@ -16,7 +17,8 @@ def seqs(routing=False):
                 support=[None, np.array([4, 7])], support_logmass=[0.0, -0.125],
                 routed_experts=np.arange(3 * 2 * 1).reshape(3, 2, 1) + 1 if routing else None)
     b = Rollout([5], [6, 7, 8], [-1.0, -2.0, -3.0], [3, 1, 3], loss_mask=[1, 1, 0])
-    c = Rollout([9], [10], [-4.0], [2])
+    c = Rollout([9], [10], [-4.0], [2], support=[np.array([10, 11, 12], dtype=np.int32)],
+                routed_experts=np.array([[[8], [9]]]) if routing else None)
     return [to_train_sequence(i, r, 3, keep_sampling_mask=True, max_token_age=1) for i, r in enumerate((a, b, c))]
 
 
@@ -37,11 +39,16 @@ def test_two_rows_of_packed_sequences_flat_and_padded():
     assert mb.versions.tolist() == [3, 3, 2, 3, 1, 3]
     assert (mb.num_rows, mb.num_seqs, mb.num_tokens) == (2, 3, 7)
     assert [s.index for s in mb.seqs] == [0, 2, 1]
-    assert mb.per_token([np.array([0.1, 0.2]), np.array([1.0, 2.0, 3.0]), np.array([9.0])]).tolist() == \
-        pytest.approx([0.1, 0.2, 9.0, 1.0, 2.0, 3.0])
-    # only a's second target carries a support: flat target 1, members 4 and 7
-    assert mb.support_rows.tolist() == [1]
-    assert [p.tolist() for p in mb.support_pairs] == [[1, 1], [4, 7]]
+    per_seq = [np.array([0.1, 0.2]), np.array([1.0, 2.0, 3.0]), np.array([9.0])]
+    assert mb.per_token(per_seq).tolist() == pytest.approx([0.1, 0.2, 9.0, 1.0, 2.0, 3.0])
+    assert mb.per_token(per_seq).dtype == torch.float32 and mb.per_token(per_seq, torch.float64).dtype == torch.float64
+    # a's second target carries a support (flat target 1, members 4 and 7), and c's (flat target 2)
+    assert mb.support_rows.tolist() == [1, 2]
+    assert [p.tolist() for p in mb.support_pairs] == [[1, 1, 2, 2, 2], [4, 7, 10, 11, 12]]
+    assert [p.dtype for p in mb.support_pairs] == [torch.int64, torch.int64]  # c's support is int32
+    assert (mb.input_ids.dtype, mb.position_ids.dtype, mb.target_pos.dtype, mb.targets.dtype, mb.seq_index.dtype,
+            mb.versions.dtype) == (torch.int64,) * 6
+    assert (mb.temperature.dtype, mb.behaviour.dtype, mb.mask.dtype) == (torch.float32, torch.float32, torch.bool)
     assert mb.routing is None and mb.routing_has is None
     assert (b.num_loss_tokens, a.num_loss_tokens) == (1, 2)
 
@@ -49,10 +56,10 @@ def test_two_rows_of_packed_sequences_flat_and_padded():
 def test_routing_is_laid_out_like_the_rows():
     a, b, c = seqs(routing=True)
     mb = collate_rows([[a, c], [b]])
-    # a's three input positions carry its experts; c, b and the padding have none
-    assert mb.routing_has.tolist() == [True, True, True, False, False, False, False, False]
-    assert mb.routing.shape == (8, 2, 1)
-    assert mb.routing[:3, :, 0].tolist() == [[1, 2], [3, 4], [5, 6]] and mb.routing[3:].abs().sum() == 0
+    # a's three input positions and c's one carry their experts; b and the padding have none
+    assert mb.routing_has.tolist() == [True, True, True, True, False, False, False, False]
+    assert mb.routing.shape == (8, 2, 1) and mb.routing.dtype == torch.int64 and mb.routing_has.dtype == torch.bool
+    assert mb.routing[:4, :, 0].tolist() == [[1, 2], [3, 4], [5, 6], [8, 9]] and mb.routing[4:].abs().sum() == 0
 
 
 def test_rows_stack_widest_first_within_the_padded_budget():
@@ -95,3 +102,13 @@ def test_undefined_log_probs_become_zero_only_where_the_token_is_not_kept():
     assert s.behaviour[:2].tolist() == [0.0, 0.0] and np.isnan(s.behaviour[2])
     assert s.behaviour.dtype == np.float32 and s.loss_mask.dtype == bool
     assert s.input_ids.tolist() == [1, 2, 3] and s.prompt_len == 1 and type(s.temperature) is float
+
+
+def test_every_tensor_goes_to_the_device_asked_for():
+    # the meta device: placement is checked without a GPU
+    a, b, c = seqs(routing=True)
+    for mb in (collate_rows([[a, c], [b]], device="meta"), collate([a, b, c], device="meta"),
+               micro_batches([a, b, c], 8, device="meta")[0]):
+        tensors = [v for v in vars(mb).values() if isinstance(v, torch.Tensor)] + list(mb.support_pairs)
+        assert len(tensors) == 14 and {t.device.type for t in tensors} == {"meta"}
+        assert mb.per_token([np.ones(2), np.ones(3), np.ones(1)]).device.type == "meta"
