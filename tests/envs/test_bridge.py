@@ -179,3 +179,69 @@ def test_tools_without_docstrings_or_hints_are_named():
         ChatBridge(qwen2_5_tokenizer(), [divide])
     with pytest.raises(ToolSchemaError, match=r"tool .*scale: Argument x is missing a type hint"):
         ChatBridge(qwen2_5_tokenizer(), [scale])
+
+
+# Verdicts and refusals word for word: the prefix check's reasons (kept and rewritten), a template
+# that cannot render a role, a request's own tool schemas, and decoding a turn.
+NO_TOOL_ROLE = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role here') }}{% endif %}"
+                "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_the_prefix_check_names_the_conversation_it_rendered():
+    tok = qwen2_5_tokenizer()
+    assert ChatBridge(tok, [mul, add]).prefix_check().reason == \
+        "each rendering of [user, assistant, tool, assistant, user, assistant] is a token prefix of the next"
+    assert ChatBridge(tok).prefix_check(("tool",)).reason == "each rendering of [user, assistant] is a token prefix of the next"
+
+
+def test_a_rewriting_template_is_named_with_the_turns_and_tokens_that_differ():
+    check = ChatBridge(qwen2_5_tokenizer(THINK_STRIPPING)).prefix_check()
+    assert check.ok is False and not check
+    assert check.reason == (
+        "the conversation through assistant message 2 is not a token prefix of the conversation through the prompt "
+        "after message 3 (user) (token 13: '<think' became '42<|im_end|>\\n<|im_start|>u'): the template rewrites "
+        "earlier turns, so each model turn must be trained as its own row")
+    mistral = ChatBridge(mistral_v0_3_tokenizer(), [mul])
+    assert mistral.prefix_check().reason.startswith(
+        "the conversation through assistant message 4 is not a token prefix of the conversation through the prompt "
+        "after message 5 (user) (token 1: ")
+    with pytest.raises(BridgeError) as e:
+        mistral.environment_ids([{"role": "user", "content": "and 8*9?"}])
+    assert str(e.value) == (
+        "appending [user] changes how the assistant turn before them renders (token 1: '[AVAILABLE_TOOLS] [{\"ty' "
+        "became '[INST] 7[/INST] 7</s>[AVAILABLE_TOOLS]'); this template does not preserve prefixes for these messages")
+
+
+def test_a_role_the_template_cannot_render_is_a_failed_check_and_a_refusal():
+    bridge = ChatBridge(qwen2_5_tokenizer(), [mul], chat_template=NO_TOOL_ROLE)
+    why = "the chat template cannot render a conversation of roles [user, assistant, tool]: TemplateError: no tool role here"
+    check = bridge.prefix_check()
+    assert (check.ok, check.reason) == (False, why)
+    with pytest.raises(BridgeError) as e:
+        bridge.environment_ids([{"role": "tool", "tool_call_id": "call00000", "name": "mul", "content": "6"}])
+    assert str(e.value) == why
+    assert bridge.prefix_check(("user",))  # without tool messages it renders, and keeps its prefixes
+
+
+def test_a_requests_tool_schemas_replace_the_bridges_own():
+    tok = qwen2_5_tokenizer()
+    schemas = ChatBridge(tok, [mul]).schemas
+    plain = ChatBridge(tok)
+    messages = [{"role": "user", "content": "6*7?"}]
+    with_tools = plain.prompt_ids(messages, schemas=schemas)
+    assert with_tools == tok.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+    assert with_tools != plain.prompt_ids(messages) and '"name": "mul"' in tok.decode(with_tools)
+    # offered at construction instead, the same ids
+    assert ChatBridge(tok, schemas=schemas).prompt_ids(messages) == with_tools
+
+
+def test_a_turn_is_decoded_with_its_special_tokens_and_without_its_turn_end():
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok)
+    assert bridge.assistant_message([]) == {"role": "assistant", "content": ""}
+    turn = tok.encode("a<|endoftext|>b", add_special_tokens=False)
+    assert bridge.assistant_message(turn + list(bridge.turn_end_ids))["content"] == "a<|endoftext|>b"
+    assert bridge.assistant_message(turn)["content"] == "a<|endoftext|>b"  # cut short: nothing to leave out
+    assert not bridge.ends_turn([])
