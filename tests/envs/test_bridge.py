@@ -245,3 +245,54 @@ def test_a_turn_is_decoded_with_its_special_tokens_and_without_its_turn_end():
     assert bridge.assistant_message(turn + list(bridge.turn_end_ids))["content"] == "a<|endoftext|>b"
     assert bridge.assistant_message(turn)["content"] == "a<|endoftext|>b"  # cut short: nothing to leave out
     assert not bridge.ends_turn([])
+
+
+# A template whose tool messages show the calls they answer (id, name, arguments): what the
+# bridge's stand-in assistant turn holds becomes visible in the environment ids.
+SHOWS_CALLS = (
+    "{% set ns = namespace(calls=[]) %}{% if greeting is defined %}<|im_start|>system\n{{ greeting }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% set ns.calls = m.tool_calls or [] %}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{% if m.role == 'tool' %}{% for c in ns.calls %}{{ c.id }} {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }};{% endfor %}{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def schema(name: str, types: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+        "type": "object", "properties": {k: {"type": t} for k, t in types.items()}}}}
+
+
+def test_the_stand_in_turn_calls_the_tool_each_result_names_with_probe_arguments():
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, schemas=[schema("mul", {"i": "integer"}),
+                                      schema("add", {"n": "number", "s": "string", "f": "boolean", "o": "object"})],
+                        chat_template=SHOWS_CALLS)
+    env = bridge.environment_ids([{"role": "tool", "name": "add", "tool_call_id": "c7", "content": "9"},
+                                  {"role": "tool", "content": "5"}])
+    # the first result names add and its call id; the second neither: the first tool, call00001
+    calls = 'c7 add {"n": 7, "s": "7", "f": true, "o": null};call00001 mul {"i": 7};'
+    assert tok.decode(env) == (f"\n<|im_start|>tool\n{calls}9<|im_end|>\n<|im_start|>tool\n{calls}5<|im_end|>\n"
+                               "<|im_start|>assistant\n")
+    # the turn they answer, when given, is used instead
+    given = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "z", "type": "function", "function": {"name": "mul", "arguments": {"i": 3}}}]}
+    assert tok.decode(bridge.environment_ids([{"role": "tool", "content": "5"}], assistant=given)) == \
+        '\n<|im_start|>tool\nz mul {"i": 3};5<|im_end|>\n<|im_start|>assistant\n'
+    # a user message answers no call
+    assert tok.decode(bridge.environment_ids([{"role": "user", "content": "u"}])) == \
+        "\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_kwargs_reach_the_template():
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, chat_template=SHOWS_CALLS, template_kwargs={"greeting": "hi"})
+    assert tok.decode(bridge.prompt_ids([{"role": "user", "content": "q"}])) == \
+        "<|im_start|>system\nhi<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_whole_token_that_is_not_special_is_not_the_turn_end():
+    # Qwen's </tool_call> is one token but not a special one: the turn ends at the <|im_end|> after it
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}</tool_call><|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = qwen2_5_tokenizer()
+    assert tok.convert_ids_to_tokens(list(ChatBridge(tok, chat_template=template).turn_end_ids)) == ["<|im_end|>"]
