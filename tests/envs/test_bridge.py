@@ -296,3 +296,45 @@ def test_a_whole_token_that_is_not_special_is_not_the_turn_end():
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     tok = qwen2_5_tokenizer()
     assert tok.convert_ids_to_tokens(list(ChatBridge(tok, chat_template=template).turn_end_ids)) == ["<|im_end|>"]
+
+
+def test_a_template_whose_call_turns_have_no_turn_end_is_refused_when_a_tool_answers():
+    # plain turns end with <|im_end|> (found there); a tool-calling turn renders none, so there is
+    # no telling where the model's turn ends before a tool result
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and m.tool_calls %}"
+                "{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}"
+                "{% elif m.role == 'assistant' %}{{ m.content }}<|im_end|>{% else %}{{ m.content }}\n{% endif %}"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = qwen2_5_tokenizer()
+    bridge = ChatBridge(tok, [mul], chat_template=template)
+    assert tok.convert_ids_to_tokens(list(bridge.turn_end_ids)) == ["<|im_end|>"]
+    with pytest.raises(BridgeError) as e:
+        bridge.environment_ids([{"role": "tool", "content": "6"}])
+    assert str(e.value) == (f"the template rendered no turn-end token {list(bridge.turn_end_ids)} after the assistant "
+                            "turn; cannot tell where the model's turn ends")
+
+
+def test_what_a_template_writes_only_after_the_last_turn_does_not_break_the_prefix_rule():
+    # <|endoftext|> after the conversation's last turn only: each turn up to its turn end is still a prefix
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>"
+                "{% if loop.last and not add_generation_prompt %}<|endoftext|>{% endif %}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert ChatBridge(qwen2_5_tokenizer(), chat_template=template).preserves_prefixes()
+
+
+@pytest.mark.parametrize("template,message", [
+    ("{% for m in messages %}<|im_start|>{{ m.role }}<|im_end|>{% endfor %}"
+     "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}",
+     "could not find the token that ends an assistant turn in this template"),
+    ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}",
+     "no special token follows the content of an assistant turn in this template (it ends with '\\n'); the engine "
+     "needs a turn-end token to stop on"),
+    ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}"
+     "{% if add_generation_prompt %}<|im_start|>model\n{% endif %}",
+     "the generation prompt is not a prefix of the rendered assistant turn (token 8: 'model\\n' became "
+     "'assistant\\n7<|im_end|>'); the model's turn cannot continue the prompt ids"),
+])
+def test_unusable_templates_are_refused_word_for_word(template, message):
+    with pytest.raises(BridgeError) as e:
+        ChatBridge(qwen2_5_tokenizer(), chat_template=template)
+    assert str(e.value) == message
