@@ -338,3 +338,23 @@ def test_unusable_templates_are_refused_word_for_word(template, message):
     with pytest.raises(BridgeError) as e:
         ChatBridge(qwen2_5_tokenizer(), chat_template=template)
     assert str(e.value) == message
+
+
+def test_the_small_helpers_on_hand_made_ids():
+    from tokenflow.envs.bridge import _common_suffix, _first_difference, _last_index
+
+    assert (_first_difference([1, 5], [1, 2]), _first_difference([1, 2], [1, 2, 3]), _first_difference([1, 2, 3], [1, 2])) \
+        == (1, 2, 2)
+    assert (_last_index([5, 2, 7, 2], (2,)), _last_index([2, 5], (2,)), _last_index([5, 3], (2,))) == (3, 0, None)
+    assert _common_suffix([[1, 2, 3], [4, 2, 3]]) == [2, 3] and _common_suffix([[1, 2, 9], [4, 2, 3]]) == []
+    assert _common_suffix([[1, 2], [1, 2]]) == [1, 2] and _common_suffix([[1, 2], [3, 2]]) == [2]
+    assert _common_suffix([[9, 1, 2], [2]]) == [2]
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_with_what_to_do():
+    bare = qwen2_5_tokenizer.__wrapped__()
+    bare.chat_template = None
+    with pytest.raises(BridgeError) as e:
+        ChatBridge(bare)
+    assert str(e.value) == ("the tokenizer has no chat template; multi-turn rollouts render conversations through it "
+                            "(set tokenizer.chat_template or pass chat_template=)")
