@@ -65,23 +65,36 @@ def test_a_committed_checkpoint_loads_back(tmp_path):
     assert buf["ready"][2][0].completion_ids.tolist() == [2]
 
 
+DAMAGED = "the checkpoint is damaged or not tokenflow's: delete it to resume from the one before"
+INCOMPLETE = "the checkpoint is incomplete: delete it to resume from the one before"
+
+
 @pytest.mark.parametrize("edit,why", [
-    (lambda cp: (cp / "orchestrator.json").unlink(), "orchestrator.json is missing; the checkpoint is incomplete"),
-    (lambda cp: (cp / "orchestrator.json").write_text("{"), "orchestrator.json is not valid JSON ("),
-    (lambda cp: (cp / "orchestrator.json").write_text("[]"), "orchestrator.json holds a list, not a dict; the checkpoint"),
+    (lambda cp: (cp / "orchestrator.json").unlink(), f"{{cp}}/orchestrator.json is missing; {INCOMPLETE}"),
+    (lambda cp: (cp / "orchestrator.json").write_text("{"),
+     "{cp}/orchestrator.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1)); the checkpoint is damaged: delete it to resume from the one before"),
+    (lambda cp: (cp / "orchestrator.json").write_text("[]"), f"{{cp}}/orchestrator.json holds a list, not a dict; {DAMAGED}"),
     (lambda cp: (cp / "orchestrator.json").write_text('{"step": true, "cursor": 1, "next_group_id": 1}'),
-     "orchestrator.json has no integer 'step'"),
-    (lambda cp: (cp / "orchestrator.json").write_text('{"step": 1, "cursor": 1}'), "orchestrator.json has no integer 'next_group_id'"),
-    (lambda cp: (cp / "buffer.pkl").write_bytes(b"x"), "buffer.pkl is a pickle (a checkpoint from an older tokenflow)"),
-    (lambda cp: (cp / "buffer.safetensors").unlink(), "buffer.safetensors is missing; the checkpoint is incomplete"),
-    (lambda cp: (cp / "buffer.safetensors").write_bytes(b"junk"), "buffer.safetensors does not read as the buffer's rollouts"),
+     f"{{cp}}/orchestrator.json has no integer 'step'; {DAMAGED}"),
+    (lambda cp: (cp / "orchestrator.json").write_text('{"step": 1, "cursor": 1}'),
+     f"{{cp}}/orchestrator.json has no integer 'next_group_id'; {DAMAGED}"),
+    (lambda cp: (cp / "buffer.pkl").write_bytes(b"x"),
+     "{cp}/buffer.pkl is a pickle (a checkpoint from an older tokenflow); it is not loaded, since unpickling a file "
+     "runs code. Start the run again, or resume from a checkpoint this version wrote"),
+    (lambda cp: (cp / "buffer.safetensors").unlink(), f"{{cp}}/buffer.safetensors is missing; {INCOMPLETE}"),
+    (lambda cp: (cp / "buffer.safetensors").write_bytes(b"junk"),
+     f"{{cp}}/buffer.safetensors does not read as the buffer's rollouts (4 bytes: too short for a safetensors header); "
+     f"{DAMAGED}"),
+    (lambda cp: (cp / "buffer.json").write_text("{}"),
+     f"{{cp}}/buffer.json has no valid engine_version, rollouts_admitted, in_flight, ready, age_histogram; {DAMAGED}"),
 ])
 def test_what_a_checkpoint_must_hold_is_refused_by_file(tmp_path, edit, why):
     _, cp = committed(tmp_path)
     edit(cp)
     with pytest.raises(CheckpointError) as e:
         RunDir.load_checkpoint(cp)
-    assert why in str(e.value) and str(cp) in str(e.value)
+    assert str(e.value) == why.format(cp=cp)
 
 
 def test_a_buffer_state_with_bad_fields_or_counts_is_refused(tmp_path):
@@ -170,3 +183,73 @@ def test_the_rollout_log_and_what_a_resume_drops(tmp_path):
     run.truncate_after(0)
     assert [json.loads(x) for x in run.metrics.read_text().splitlines()] == [
         {"step": 0, "eval/accuracy": 0.1}, {"eval/accuracy": 0.2}]
+
+
+def test_two_ready_groups_come_back_each_with_its_own_rollouts(tmp_path):
+    ready = {5: [Rollout([1], [2], [0.0], [0], group_id=5)] * 2, 3: [Rollout([1], [7], [0.0], [0], group_id=3)]}
+    write_buffer_state(tmp_path, buffer_state(ready))
+    back = read_buffer_state(tmp_path)["ready"]
+    assert {g: [r.completion_ids.tolist() for r in rs] for g, rs in back.items()} == {3: [[7]], 5: [[2], [2]]}
+
+
+def test_a_run_folder_and_a_staging_folder_are_made_with_their_parents(tmp_path):
+    run = RunDir(tmp_path / "a" / "b").create()
+    assert run.checkpoints.is_dir()
+    assert RunDir(tmp_path / "c" / "d").staging_dir(1).is_dir()
+    RunDir(tmp_path / "e").reset()  # nothing to forget: no error
+
+
+def test_a_non_finite_number_never_reaches_a_checkpoint(tmp_path):
+    run = RunDir(tmp_path).create()
+    with pytest.raises(ValueError):
+        run.commit_checkpoint(run.staging_dir(1), 1, {**STATE, "baseline_accuracy": float("nan")}, buffer_state(), keep=1)
+    with pytest.raises(ValueError):
+        write_buffer_state(tmp_path, {**buffer_state(), "engine_version": float("inf")})
+
+
+def test_a_failed_write_says_whether_an_earlier_checkpoint_is_there_and_what_to_fix(tmp_path, monkeypatch):
+    import errno
+
+    import tokenflow.runtime.run.run_dir as run_dir
+
+    def denied(root):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(run_dir, "write_manifest", denied)
+    run = RunDir(tmp_path).create()
+    with pytest.raises(CheckpointError) as e:
+        run.commit_checkpoint(run.staging_dir(3), 3, STATE, buffer_state(), keep=1)
+    assert str(e.value) == ("writing checkpoint step 3 failed ([Errno 13] Permission denied); no earlier checkpoint "
+                            "exists; fix the cause, then resume")
+    assert list(run.checkpoints.iterdir()) == []
+
+
+def test_a_second_damaged_copy_of_a_step_replaces_the_first_set_aside(tmp_path):
+    run, _ = committed(tmp_path, step=2)
+    committed(tmp_path, step=10)
+    old_bad = run.checkpoints / ".bad-step_000010"
+    old_bad.mkdir()
+    (old_bad / "stale").write_text("x")
+    (run.checkpoint_dir(10) / "orchestrator.json").write_text("{}")
+    assert run.latest_checkpoint() == run.checkpoint_dir(2)
+    assert not (old_bad / "stale").exists() and (old_bad / "orchestrator.json").read_text() == "{}"
+
+
+def test_a_summary_without_steps_is_not_finished(tmp_path):
+    run, _ = committed(tmp_path, step=4)
+    run.summary.write_text("{}")
+    assert run.finished(0) is None
+
+
+def test_a_rollout_without_token_rewards_logs_null_and_stepless_rows_survive_a_resume(tmp_path):
+    run = RunDir(tmp_path).create()
+    run.append_rollouts(1, [Rollout([1], [2], [0.0], [0])])
+    assert json.loads(run.rollouts.read_text())["token_rewards"] is None
+    # no metrics file: the prompt ledger is still cut
+    run.ledger.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)))
+    run.truncate_after(1)
+    assert [json.loads(x)["step"] for x in run.ledger.read_text().splitlines()] == [1]
+    run.metrics.write_text("".join(json.dumps(x) + "\n" for x in ({"eval/accuracy": 0.3}, {"step": 1, "eval/accuracy": 0.4},
+                                                                   {"step": 1, "loss": 2.0})))
+    run.truncate_after(1)  # the evaluation at step 1 goes; a row without a step counts as step 0
+    assert [json.loads(x) for x in run.metrics.read_text().splitlines()] == [{"eval/accuracy": 0.3}, {"step": 1, "loss": 2.0}]
