@@ -64,3 +64,30 @@ def test_terms_without_their_inputs_are_left_out_or_refused():
     no_prox = AlgorithmConfig(objective="decoupled", behaviour_logprobs=False)
     with pytest.raises(ValueError, match=r"^objective 'decoupled' needs π_prox log-probs \(a prox pass\)$"):
         micro_batch_loss(no_prox, inputs())
+
+
+def test_without_behaviour_log_probs_prox_stands_in_for_the_engines():
+    # behaviour_logprobs off: π_prox is both the ratio's denominator and μ, so every w is 1
+    t = inputs()
+    t.prox = t.logprobs.detach().clone()
+    cfg = AlgorithmConfig(objective="direct", behaviour_logprobs=False, tis_cap=None)
+    stats = Accumulator()
+    micro_batch_loss(cfg, t, stats)
+    assert (stats.get("sum/w"), stats.max("max/w"), stats.get("sum/approx_kl")) == (2.0, 1.0, 0.0)
+
+
+def test_values_without_returns_have_no_value_term_and_value_clipping_uses_the_old_values():
+    stats = Accumulator()
+    t = inputs()
+    t.returns = None
+    assert micro_batch_loss(CFG, t, stats).value.item() == 0.0 and "sum/value_err" not in stats
+    # V = 0.5, 1 from V_old = 1.5, 1 with returns 1.5, 0 and a clip of 0.25: the first token's clipped
+    # prediction 1.25 errs by 0.25 (< 1, the plain error); the second's is V itself: errors 1, 1
+    t = inputs()
+    t.old_values = torch.tensor([1.5, 1.0, 7.0], dtype=torch.float64)
+    clipped = AlgorithmConfig(**{**CFG.model_dump(), "value_clip": 0.25})
+    value = micro_batch_loss(clipped, t).value.item()
+    assert value == pytest.approx(0.5 * (0.5 * 0.5 * 1.0 + 0.5 * 0.5 * 1.0), rel=1e-12)
+    t.old_values = torch.tensor([-1.0, 1.0, 7.0], dtype=torch.float64)  # V moved +1.5: clipped to −0.75
+    value = micro_batch_loss(clipped, t).value.item()
+    assert value == pytest.approx(0.5 * (0.5 * 0.5 * (2.25 ** 2) + 0.5 * 0.5 * 1.0), rel=1e-12)

@@ -33,3 +33,11 @@ def test_a_ratio_on_the_clip_bound_is_not_clipped():
     assert active.tolist() == [False, False]
     _, clipped = cispo(torch.zeros(1), torch.zeros(1), torch.ones(1), 0.0, 0.0)
     assert clipped.tolist() == [False]
+
+
+def test_the_log_ratio_is_clamped_to_plus_and_minus_twenty_and_a_zero_advantage_clips_nothing():
+    from tokenflow.algorithms.losses import log_ratio, ppo_clip
+
+    assert log_ratio(torch.tensor([30.0, -30.0, 1.0]), torch.zeros(3)).tolist() == [20.0, -20.0, 1.0]
+    _, active = ppo_clip(torch.log(torch.tensor([4.0])), torch.zeros(1), torch.zeros(1), 0.2, 0.2)
+    assert active.tolist() == [False]  # ρ = 4 above 1 + ε, but no advantage pushes it

@@ -14,9 +14,10 @@ def seqs(routing=False):
     # a: prompt [1, 2], completion [3, 4] (reads [1, 2, 3]); b: [5] → [6, 7, 8] (reads [5, 6, 7]);
     # c: [9] → [10] (reads [9]). b's second token is 2 versions old.
     a = Rollout([1, 2], [3, 4], [-0.5, -0.25], [3, 3], temperature=0.5,
-                support=[None, np.array([4, 7])], support_logmass=[0.0, -0.125],
+                support=[None, np.array([4, 7], dtype=np.int32)], support_logmass=[0.0, -0.125],
                 routed_experts=np.arange(3 * 2 * 1).reshape(3, 2, 1) + 1 if routing else None)
-    b = Rollout([5], [6, 7, 8], [-1.0, -2.0, -3.0], [3, 1, 3], loss_mask=[1, 1, 0])
+    b = Rollout([5], [6, 7, 8], [-1.0, -2.0, -3.0], [3, 1, 3], loss_mask=[1, 1, 0],
+                support=[np.array([6, 9], dtype=np.int32), None, None])
     c = Rollout([9], [10], [-4.0], [2], support=[np.array([10, 11, 12], dtype=np.int32)],
                 routed_experts=np.array([[[8], [9]]]) if routing else None)
     return [to_train_sequence(i, r, 3, keep_sampling_mask=True, max_token_age=1) for i, r in enumerate((a, b, c))]
@@ -43,9 +44,10 @@ def test_two_rows_of_packed_sequences_flat_and_padded():
     assert mb.per_token(per_seq).tolist() == pytest.approx([0.1, 0.2, 9.0, 1.0, 2.0, 3.0])
     assert mb.per_token(per_seq).dtype == torch.float32 and mb.per_token(per_seq, torch.float64).dtype == torch.float64
     # a's second target carries a support (flat target 1, members 4 and 7), and c's (flat target 2)
-    assert mb.support_rows.tolist() == [1, 2]
-    assert [p.tolist() for p in mb.support_pairs] == [[1, 1, 2, 2, 2], [4, 7, 10, 11, 12]]
-    assert [p.dtype for p in mb.support_pairs] == [torch.int64, torch.int64]  # c's support is int32
+    # and b's first (flat target 3)
+    assert mb.support_rows.tolist() == [1, 2, 3]
+    assert [p.tolist() for p in mb.support_pairs] == [[1, 1, 2, 2, 2, 3, 3], [4, 7, 10, 11, 12, 6, 9]]
+    assert [p.dtype for p in mb.support_pairs] == [torch.int64, torch.int64]  # the supports are int32
     assert (mb.input_ids.dtype, mb.position_ids.dtype, mb.target_pos.dtype, mb.targets.dtype, mb.seq_index.dtype,
             mb.versions.dtype) == (torch.int64,) * 6
     assert (mb.temperature.dtype, mb.behaviour.dtype, mb.mask.dtype) == (torch.float32, torch.float32, torch.bool)
@@ -60,6 +62,9 @@ def test_routing_is_laid_out_like_the_rows():
     assert mb.routing_has.tolist() == [True, True, True, True, False, False, False, False]
     assert mb.routing.shape == (8, 2, 1) and mb.routing.dtype == torch.int64 and mb.routing_has.dtype == torch.bool
     assert mb.routing[:4, :, 0].tolist() == [[1, 2], [3, 4], [5, 6], [8, 9]] and mb.routing[4:].abs().sum() == 0
+    # a, c, a in one row: the second a starts at 3 + 1
+    row = collate([a, c, a])
+    assert row.routing[:, :, 0].tolist() == [[1, 2], [3, 4], [5, 6], [8, 9], [1, 2], [3, 4], [5, 6]]
 
 
 def test_rows_stack_widest_first_within_the_padded_budget():
