@@ -76,3 +76,11 @@ def test_the_penalty_is_that_of_the_longest_model_turn():
     # max 4, buffer 2: turns of 2 and 3 tokens → penalties 0 and −0.5 (one token into the buffer of 2)
     shape_overlong([x], max_tokens=4, buffer_tokens=2, factor=1.0)
     assert (x.reward, x.info["unshaped_reward"], x.rewards["overlong_penalty"]) == (0.5, 1.0, -0.5)
+
+
+def test_a_sample_without_model_tokens_gets_no_penalty():
+    from tokenflow.scoring.shaping import shape_overlong
+
+    x = Rollout(prompt_ids=[1], completion_ids=[3, 3], logprobs=[0.0] * 2, versions=[0] * 2, loss_mask=[0, 0], reward=1.0)
+    shape_overlong([x], max_tokens=1, buffer_tokens=1, factor=1.0)
+    assert (x.reward, x.rewards["overlong_penalty"]) == (1.0, 0.0)
