@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help=f"of {', '.join(modules)} (default: all)")
     p.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
-    p.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
+    p.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     p.add_argument("--report-only", action="store_true", help="write the report from the results already there")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in modules]
