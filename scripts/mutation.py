@@ -24,6 +24,7 @@ shared 2-core machine a small module takes a few minutes, all of them well under
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -65,7 +66,7 @@ def module_pyproject(data: dict, entry: dict) -> str:
     tests = [t for t in entry["tests"] if (ROOT / t).exists()]
     if not tests:
         raise SystemExit(f"none of the tests listed for {source} exist: {entry['tests']}")
-    tool = dict(data["tool"])
+    tool = {k: v for k, v in data["tool"].items() if k != "tokenflow"}  # the equivalents are the runner's
     tool["mutmut"] = {**tool["mutmut"], "only_mutate": only, "pytest_add_cli_args_test_selection": tests}
     return tomli_w.dumps({**data, "tool": tool})
 
@@ -79,12 +80,9 @@ def prepare(name: str, entry: dict, data: dict) -> Path:
             if link.exists():
                 shutil.rmtree(link)
             link.symlink_to(ROOT / sub, target_is_directory=True)
-    text = module_pyproject(data, entry)
-    pyproject = folder / "pyproject.toml"
-    if pyproject.exists() and pyproject.read_text() != text:
-        # Other tests or sources: mutmut's cached stats and results no longer apply.
-        shutil.rmtree(folder / "mutants", ignore_errors=True)
-    pyproject.write_text(text)
+    # mutmut fingerprints its own config: other sources or tests reset its results, and new test
+    # functions get their stats collected; a kept result is re-tested only when named (`survivors`).
+    (folder / "pyproject.toml").write_text(module_pyproject(data, entry))
     return folder
 
 
@@ -113,10 +111,33 @@ def results(folder: Path) -> dict[str, str]:
     return found
 
 
-def diff(folder: Path, mutant: str) -> str:
-    out = run_mutmut(folder, "show", mutant, capture=True)
-    lines = out.stdout.splitlines()
-    return "\n".join(lines[1:]).strip() if out.returncode == 0 else f"(mutmut show failed: {out.stderr[-300:]})"
+def survivors(folder: Path) -> list[str]:
+    """Mutants not killed so far (survived or run by no test): the ones to try again."""
+    return sorted(m for m, s in results(folder).items() if s in SURVIVED | NO_TESTS)
+
+
+# `mutmut show NAME` for many names in one interpreter (a process per name costs seconds each).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+out = {}
+for name in json.loads(sys.stdin.read()):
+    try:
+        out[name] = get_diff_for_mutant(name, path=find_mutant(name).path).strip()
+    except Exception as e:  # noqa: BLE001  (reported in place of the diff)
+        out[name] = f"(no diff: {type(e).__name__}: {e})"
+print(json.dumps(out))
+"""
+
+
+def diffs(folder: Path, mutants: list[str]) -> dict[str, str]:
+    if not mutants:
+        return {}
+    out = subprocess.run([sys.executable, "-c", _DIFFS], cwd=folder, env=mutmut_env(), text=True,
+                         input=json.dumps(mutants), capture_output=True)
+    if out.returncode != 0:
+        return {m: f"(no diff: {out.stderr[-300:]})" for m in mutants}
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def summarize(name: str, entry: dict, folder: Path, seconds: float | None,
@@ -138,11 +159,11 @@ def summarize(name: str, entry: dict, folder: Path, seconds: float | None,
              f"{len(equiv)} equivalent (listed in pyproject), {no_tests} not run by any listed test, {other} other; "
              f"kill rate {rate:.1%} of the non-equivalent ones"
              + (f"; {seconds / 60:.1f} min" if seconds is not None else ""), ""]
-    for mutant, s in sorted(status.items()):
-        if s in KILLED | TIMEOUT:
-            continue
-        label = f"equivalent: {equivalent[mutant]}" if mutant in equiv else s
-        lines += [f"### `{mutant}`: {label}", "", "```diff", diff(folder, mutant), "```", ""]
+    shown = sorted(m for m, s in status.items() if s not in KILLED | TIMEOUT)
+    text = diffs(folder, shown)
+    for mutant in shown:
+        label = f"equivalent: {equivalent[mutant]}" if mutant in equiv else status[mutant]
+        lines += [f"### `{mutant}`: {label}", "", "```diff", text.get(mutant, "(no diff)"), "```", ""]
     return "\n".join(lines), figures
 
 
@@ -151,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help=f"of {', '.join(modules)} (default: all)")
     p.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
-    p.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
+    p.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     p.add_argument("--report-only", action="store_true", help="write the report from the results already there")
     args = p.parse_args(argv)
     unknown = [m for m in args.modules if m not in modules]
@@ -170,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = load_equivalent(data)
     sections, table = [], []
     for name in chosen:
+        modules, data = load_modules()  # read again: an edit made while earlier modules ran applies
+        equivalent = load_equivalent(data)
         folder = prepare(name, modules[name], data)
         seconds = None
         if not args.report_only:
@@ -179,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(log, "w") as out:  # mutmut's live progress, kept out of this output
                 run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
                                      cwd=folder, env=mutmut_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+                # mutmut keeps a verdict until its function changes; a test added to kill a survivor
+                # is only tried on the survivors named again.
+                again = [m for m in survivors(folder) if m not in equivalent] if run.returncode == 0 else []
+                if again:
+                    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                                          str(args.max_children), *again],
+                                         cwd=folder, env=mutmut_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
             seconds = time.monotonic() - start
             if run.returncode != 0:
                 print(f"mutmut run failed for {name} (exit {run.returncode}); see {log.relative_to(ROOT)}",

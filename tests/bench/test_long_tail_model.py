@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import pytest
 
 from tokenflow.tools.make_default_model import PRESETS, build_config, filler_length
 
@@ -20,6 +21,7 @@ def test_filler_lengths_are_mostly_none_with_a_long_capped_tail():
     assert filler_length(rng, 0.0, 40.0, 200) == 0  # the default model's recipe adds none
 
 
+@pytest.mark.slow
 def test_the_preset_configures_the_bench_models_shape_with_room_for_256_new_tokens():
     p = PRESETS["long-tail"]
     cfg = build_config(20, argparse.Namespace(hidden=p["hidden"], layers=p["layers"], heads=p["heads"],

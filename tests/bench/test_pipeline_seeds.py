@@ -65,6 +65,7 @@ def test_one_seed_keeps_the_single_pair_layout(tmp_path):
     assert json.loads((out / "bench.json").read_text()) == result
 
 
+@pytest.mark.slow
 def test_seeds_must_be_positive_and_not_with_a_teacher(tmp_path):
     r = bench("--seeds", "0", "--output-dir", str(tmp_path / "a"))
     assert r.returncode == 2 and "--seeds" in r.stderr

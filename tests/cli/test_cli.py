@@ -6,6 +6,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 
 def tokenflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tokenflow.cli.main", *args], capture_output=True,
@@ -24,6 +26,7 @@ def test_import_is_light():
     assert min(times) < 0.2
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_resolved_config():
     r = tokenflow("train", "--dry-run", "--algorithm.clip_high", "0.28", "--rollout.max_staleness=0")
     assert r.returncode == 0, r.stderr
@@ -34,6 +37,7 @@ def test_dry_run_prints_the_resolved_config():
     assert cfg["trainer"]["rollouts_per_step"] == cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["group_size"]
 
 
+@pytest.mark.slow
 def test_unknown_key_is_refused_with_the_valid_ones():
     r = tokenflow("train", "--dry-run", "--rollout.max_stalenes", "1")
     assert r.returncode == 2
@@ -65,6 +69,7 @@ def _toml_value(text: str):
     return None if text == "none" else tomllib.loads(f"v = {text}")["v"]
 
 
+@pytest.mark.slow
 def test_help_config_documents_every_key():
     """Every key of the schema, once, with the value it resolves to (the default preset's, as
     `tokenflow train` resolves it), the library default where that differs, and its doc."""
@@ -105,6 +110,7 @@ def test_help_config_documents_every_key():
     assert printed["run.steps"][1] is not None
 
 
+@pytest.mark.slow
 def test_existing_run_folder_is_not_overwritten(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     r = tokenflow("train", "--output-dir", str(tmp_path))

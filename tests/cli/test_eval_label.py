@@ -15,6 +15,7 @@ REWARD = f"{ROOT / 'examples' / 'custom_task' / 'reward.py'}:score"
 
 
 @pytest.mark.parametrize("eval_file", [True, False], ids=["eval_path", "held_out"])
+@pytest.mark.slow
 def test_eval_names_the_scored_set(tmp_path, eval_file):
     args = ["--task.name", "dataset", "--task.train_path", str(SUMS), "--task.reward", REWARD]
     if eval_file:

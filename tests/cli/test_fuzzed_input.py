@@ -323,6 +323,7 @@ def judge(code, err: str) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_every_fuzzed_bad_input_gets_one_line_exit_2_and_no_traceback(tmp_path, monkeypatch):
     def tripwire(*a, **k):
         raise AssertionError("the input checks let a malformed input through: training started")

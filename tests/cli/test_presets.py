@@ -65,6 +65,7 @@ def test_an_unknown_preset_names_the_known_ones(tmp_path):
         load_config(TrainConfig, path)
 
 
+@pytest.mark.slow
 def test_help_config_shows_resolved_values_not_field_defaults():
     r = tokenflow("train", "--help-config")
     assert r.returncode == 0, r.stderr

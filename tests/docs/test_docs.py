@@ -34,6 +34,7 @@ def env() -> dict:
     return e
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                         "-d", str(tmp_path / "site")], capture_output=True, text=True, env=env(), timeout=300)

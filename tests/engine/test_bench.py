@@ -13,6 +13,7 @@ from tokenflow.bench import engine as bench_engine
 from tokenflow.cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_engine_prints_one_json_object(capsys):
     threads = torch.get_num_threads()
     try:
@@ -62,6 +63,7 @@ def test_bench_engine_figures_on_known_timings(capsys, monkeypatch):
     assert result["speedup"] == 4.0
 
 
+@pytest.mark.slow
 def test_bench_engine_on_a_moe_prints_the_routing_record_overhead(capsys):
     threads = torch.get_num_threads()
     try:

@@ -124,6 +124,7 @@ def _trainer_mismatch(model_dir, rollouts) -> dict:
 # -- log-probs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
+@pytest.mark.slow
 def test_trainer_reproduces_behaviour_logprobs(engine, model_dir, temperature):
     params = SamplingParams(temperature=temperature, n=3, max_tokens=12, seed=5, ignore_eos=True)
     rollouts = [r for g in engine.generate(PROMPTS, params) for r in g]
@@ -147,6 +148,7 @@ def _reference_logprobs(model_dir, rollout, temperature: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("temperature", [0.7, 0.0])
+@pytest.mark.slow
 def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(engine, model_dir, temperature):
     params = SamplingParams(temperature=temperature, n=2, max_tokens=10, seed=6, ignore_eos=True, logprobs=4)
     rollouts = engine.generate([PROMPTS[0]], params)[0]
@@ -171,6 +173,7 @@ def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(en
     assert plain.completion_ids.tolist() == rollouts[0].completion_ids.tolist()  # and sampling unchanged
 
 
+@pytest.mark.slow
 def test_new_tokens_hand_out_each_token_once_and_the_rollout_the_rest(engine):
     rid = engine.add_request(PROMPTS[1], SamplingParams(n=2, max_tokens=9, seed=3, ignore_eos=True, logprobs=2),
                              request_id="streamed")
@@ -193,6 +196,7 @@ def test_new_tokens_hand_out_each_token_once_and_the_rollout_the_rest(engine):
 
 # -- requests ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_n_samples_form_one_group_with_ids_kept(engine):
     rid = engine.add_request(PROMPTS[0], SamplingParams(n=4, max_tokens=6, seed=1, ignore_eos=True),
                              request_id="grp", group_id=7, prompt_id=42)
@@ -204,6 +208,7 @@ def test_n_samples_form_one_group_with_ids_kept(engine):
     assert len({tuple(r.completion_ids) for r in rollouts}) > 1  # the samples differ
 
 
+@pytest.mark.slow
 def test_seeds_make_samples_reproducible(engine):
     def run(seed):
         return [r.completion_ids.tolist() for r in engine.generate(
@@ -238,6 +243,7 @@ def test_stop_string_ends_the_completion(engine):
     assert r.completion_ids.tolist() == probe.completion_ids.tolist()[: r.num_tokens]
 
 
+@pytest.mark.slow
 def test_eos_ends_the_completion(engine):
     # Find a sample that emits EOS (id 2) with ignore_eos, then check it stops there without.
     groups = engine.generate([PROMPTS[0]], SamplingParams(n=16, max_tokens=30, seed=9, ignore_eos=True))
@@ -250,6 +256,7 @@ def test_eos_ends_the_completion(engine):
 
 # -- abort and resume --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_abort_returns_partials_that_resume_from_their_prefix(engine):
     params = SamplingParams(n=2, max_tokens=12, seed=4, ignore_eos=True)
     rid = engine.add_request(PROMPTS[0], params, request_id="ab")
@@ -281,6 +288,7 @@ def test_abort_returns_partials_that_resume_from_their_prefix(engine):
 ENV_IDS = [16, 3, 19]  # "=0 " in the character tokenizer
 
 
+@pytest.mark.slow
 def test_continuation_after_environment_tokens_extends_the_rollout_exactly(engine, model_dir):
     params = SamplingParams(temperature=0.8, max_tokens=5, seed=21, ignore_eos=True, park_kv=True)
     firsts = [g[0] for g in engine.generate(PROMPTS, params)]
@@ -306,6 +314,7 @@ def test_continuation_after_environment_tokens_extends_the_rollout_exactly(engin
     assert m["offpolicy/mismatch_abs_logprob"] < LOGPROB_TOL[engine.backend_name], m["offpolicy/mismatch_abs_logprob"]
 
 
+@pytest.mark.slow
 def test_greedy_continuation_equals_a_fresh_request_on_the_whole_sequence(engine):
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, park_kv=True)
     (first,), = engine.generate([PROMPTS[1]], greedy)
@@ -317,6 +326,7 @@ def test_greedy_continuation_equals_a_fresh_request_on_the_whole_sequence(engine
     assert np.abs(r.logprobs[cont.num_tokens:] - fresh.logprobs).max() <= LOGPROB_TOL[engine.backend_name]
 
 
+@pytest.mark.slow
 def test_a_continuation_aborted_mid_turn_resumes_in_the_same_turn(engine):
     params = SamplingParams(max_tokens=4, seed=23, ignore_eos=True)
     (first,), = engine.generate([PROMPTS[0]], params)
@@ -381,6 +391,7 @@ def test_inflight_update_tags_every_token_with_its_version(engine, model_dir):
         assert 4 <= int((r.versions == v0).sum()) < 16
 
 
+@pytest.mark.slow
 def test_abort_mode_update_returns_partials_and_resumed_tokens_carry_the_new_version(engine, model_dir):
     v0 = engine.version
     rid = engine.add_request(PROMPTS[1], SamplingParams(n=2, max_tokens=14, seed=6, ignore_eos=True))
@@ -397,6 +408,7 @@ def test_abort_mode_update_returns_partials_and_resumed_tokens_carry_the_new_ver
         assert np.all(r.versions[:k] == v0) and np.all(r.versions[k:] == v0 + 1) and r.num_tokens == 14
 
 
+@pytest.mark.slow
 def test_drain_update_waits_for_running_samples(engine, model_dir):
     v0 = engine.version
     rid = engine.add_request(PROMPTS[0], SamplingParams(n=2, max_tokens=10, seed=8, ignore_eos=True), request_id="old")
@@ -412,6 +424,7 @@ def test_drain_update_waits_for_running_samples(engine, model_dir):
     assert engine.version == v0 + 1
 
 
+@pytest.mark.slow
 def test_updated_weights_are_the_ones_used(engine, model_dir):
     before = _greedy(engine)
     engine.update_weights(_scaled(model_dir, 0.5), engine.version + 1)
@@ -432,6 +445,7 @@ def test_updated_weights_are_the_ones_used(engine, model_dir):
     dict(prompt=[]),
     dict(prompt=[1] * 200),
 ])
+@pytest.mark.slow
 def test_bad_request_is_refused_and_changes_nothing(engine, bad):
     rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=6, seed=1, ignore_eos=True), request_id="ok")
     with pytest.raises(InvalidRequest):
@@ -449,6 +463,7 @@ def test_vllm_refuses_truncated_sampling_it_cannot_describe(engine):
 
 
 @pytest.mark.parametrize("breakage", ["missing", "unexpected", "misshaped", "checksum"])
+@pytest.mark.slow
 def test_bad_weights_are_refused_and_change_nothing(engine, model_dir, breakage):
     before, version = _greedy(engine), engine.version
     named = _scaled(model_dir, 0.5)
@@ -472,6 +487,7 @@ def test_checksum_of_loaded_weights_matches_the_senders(engine, model_dir):
     assert engine.weights_checksum() == weights_checksum(named)
 
 
+@pytest.mark.slow
 def test_stats_count_generated_tokens(engine):
     before = engine.stats.tokens_generated
     groups = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=7, seed=1, ignore_eos=True))

@@ -58,6 +58,7 @@ def float32_logprob_bound(hf, logits: torch.Tensor, temperature: float = 1.0) ->
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_parked_continuation_prefills_only_new_tokens_and_matches_a_full_prefill(family):
     """qwen2 and mistral have an 8-token window: the turns start at offsets 17 and 25, past it."""
     hf = hf_model(family, seed=1)
@@ -90,6 +91,7 @@ def test_parked_continuation_prefills_only_new_tokens_and_matches_a_full_prefill
     assert st0.prefill_tokens == other + len(PROMPT) + (len(PROMPT) + 9) + (len(PROMPT) + 16)
 
 
+@pytest.mark.slow
 def test_new_tokens_follow_the_counter_stream_at_their_completion_position():
     """What the sampler guarantees: completion token j draws u = hash(seed, sample index, j), so
     the continuation's tokens are fixed by the seed and their position in the completion (not by
@@ -108,6 +110,7 @@ def test_new_tokens_follow_the_counter_stream_at_their_completion_position():
     assert r.completion_ids[generated].tolist() == expected.tolist()
 
 
+@pytest.mark.slow
 def test_continuations_of_different_offsets_share_one_extend_and_fresh_prompts_prefill_apart():
     hf = hf_model("qwen2", seed=3)
     engine = make_engine(hf)
@@ -149,6 +152,7 @@ def test_an_extend_near_the_context_end_beside_a_row_with_more_new_tokens():
         assert (rec.of(r) - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_eviction_falls_back_to_a_full_prefill():
     hf = hf_model("mistral", seed=4)
     engine = make_engine(hf, max_parked=1)
@@ -168,6 +172,7 @@ def test_eviction_falls_back_to_a_full_prefill():
     assert np.abs(b2.logprobs - rb.logprobs).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_parked_caches_are_dropped_on_admission_abort_and_kv_recompute():
     hf = hf_model("llama", seed=5)
     engine = make_engine(hf)
@@ -188,6 +193,7 @@ def test_parked_caches_are_dropped_on_admission_abort_and_kv_recompute():
     assert len(parked) == 0
 
 
+@pytest.mark.slow
 def test_a_continuation_whose_tokens_differ_from_the_parked_ones_prefills_whole():
     hf = hf_model("llama", seed=6)
     engine = make_engine(hf)
@@ -199,6 +205,7 @@ def test_a_continuation_whose_tokens_differ_from_the_parked_ones_prefills_whole(
     assert out.completion_ids.tolist() == next_turn(ref, edited, [5]).completion_ids.tolist()
 
 
+@pytest.mark.slow
 def test_moe_continuation_uses_parked_kv_and_records_no_routing():
     hf = moe_hf_model("qwen3_moe", seed=1)
     engine = make_engine(hf)

@@ -25,6 +25,7 @@ def test_split_takes_the_cheapest_cut_and_only_when_it_pays():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_split_decode_matches_transformers(family, monkeypatch):
     splits = []
 

@@ -25,6 +25,7 @@ def tokens_of(engine, prompt, params):
     return [r.completion_ids.tolist() for r in engine.generate([prompt], params)[0]]
 
 
+@pytest.mark.slow
 def test_same_seed_same_tokens_whatever_the_batch(hf):
     params = SamplingParams(temperature=1.0, top_p=0.95, n=3, max_tokens=10, seed=42, ignore_eos=True)
     alone = tokens_of(make_engine(hf), [5, 6, 7, 8], params)
@@ -37,6 +38,7 @@ def test_same_seed_same_tokens_whatever_the_batch(hf):
     assert tokens_of(make_engine(hf), [5, 6, 7, 8], other_seed) != alone
 
 
+@pytest.mark.slow
 def test_engine_seed_makes_unseeded_requests_reproducible(hf):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     a = tokens_of(make_engine(hf, seed=1), [3, 4, 5], params)
@@ -44,6 +46,7 @@ def test_engine_seed_makes_unseeded_requests_reproducible(hf):
     assert a != tokens_of(make_engine(hf, seed=2), [3, 4, 5], params)
 
 
+@pytest.mark.slow
 def test_stop_token_ids_and_eos(hf):
     engine = make_engine(hf)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -71,6 +74,7 @@ def test_rollouts_stream_out_as_they_finish(hf):
     assert seen == [("short", 1), ("long", 0)]
 
 
+@pytest.mark.slow
 def test_bad_requests_are_refused_without_disturbing_others(hf):
     engine = make_engine(hf, max_model_len=32)
     good = SamplingParams(temperature=0.8, n=2, max_tokens=6, seed=3, ignore_eos=True)
@@ -187,6 +191,7 @@ def test_from_config_dict_and_context_length_rules(hf):
         make_engine(hf, max_model_len=1000)
 
 
+@pytest.mark.slow
 def test_weight_update_from_another_thread_lands_between_steps(hf):
     import threading
     import time

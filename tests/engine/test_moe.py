@@ -19,6 +19,7 @@ def prompts(seed: int, lengths=(5, 11, 8)) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.slow
 def test_moe_logits_and_routing_match_transformers(family):
     hf = moe_hf_model(family, seed=1)
     engine = make_engine(hf, max_num_seqs=3)  # 5 samples in 3 slots: joins, leaves, slot moves
@@ -40,6 +41,7 @@ def test_moe_logits_and_routing_match_transformers(family):
             assert np.array_equal(np.sort(r.routed_experts, -1), np.sort(hf_routing(hf, read), -1))
 
 
+@pytest.mark.slow
 def test_checkpoint_per_expert_names_load_and_fused_names_sync(tmp_path):
     hf = moe_hf_model("mixtral", seed=2)
     hf.save_pretrained(tmp_path)  # writes the older per-expert names (block_sparse_moe.experts.0.w1)
@@ -55,6 +57,7 @@ def test_checkpoint_per_expert_names_load_and_fused_names_sync(tmp_path):
     assert (engine.runner.score(ids)[:-1] - hf_logits(other, ids[:1], ids[1:])).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_routing_survives_pickling_and_can_be_switched_off():
     hf = moe_hf_model("qwen3_moe", seed=1)
     params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
@@ -68,6 +71,7 @@ def test_routing_survives_pickling_and_can_be_switched_off():
     assert d.routed_experts is None
 
 
+@pytest.mark.slow
 def test_abort_and_resume_keeps_the_routing_that_produced_each_token():
     start, trained = moe_hf_model("qwen3_moe", seed=1), moe_hf_model("qwen3_moe", seed=7)
     prompt = prompts(6)[2]

@@ -25,6 +25,7 @@ def kept_set(row: torch.Tensor, temp: float, top_k: int, top_p: float) -> list[i
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_logits_and_logprobs_match_transformers(family):
     hf = hf_model(family, seed=1)
     # 5 slots for 9 samples: requests wait, join when others leave, and slots get moved.

@@ -126,6 +126,7 @@ def test_the_shipped_tokenizer_loads_as_autotokenizer_loads_it():
         theirs.apply_chat_template(messages, add_generation_prompt=True)
 
 
+@pytest.mark.slow
 def test_loading_the_shipped_model_imports_no_transformers_config_class():
     """What the fork server's preload leaves out (`tokenflow.runtime.backends.local.preload`), the engine must
     not import on its way to the first token."""

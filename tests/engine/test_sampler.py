@@ -114,6 +114,7 @@ def test_a_top_k_past_the_vocabulary_keeps_everything():
     assert huge.tokens == plain.tokens and huge.support is None and huge.logmass == [0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_samples_follow_the_truncated_distribution():
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0])
     n = 6000

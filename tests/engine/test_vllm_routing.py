@@ -116,6 +116,7 @@ def test_join_follows_the_builtin_engines_resume_rule():
     assert np.array_equal(routing.join(5, _rollout(5, 0, None), 3, rec(7, 2)), rec(7, 2))  # empty prefix
 
 
+@pytest.mark.slow
 def test_start_falls_back_without_routing_once_and_says_why(caplog):
     calls = []
 

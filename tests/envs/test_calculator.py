@@ -103,6 +103,7 @@ def test_examples_are_deterministic_and_the_held_out_split_is_disjoint():
 
 
 @pytest.mark.skipif(not (TOOL_MODEL / "model.safetensors").is_file(), reason="tool model not built")
+@pytest.mark.slow
 def test_the_shipped_tool_model_calls_tools_and_leaves_room_to_learn():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -99,6 +99,7 @@ def offline_wandb(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_writes_its_history(offline_wandb):
     run_dir = offline_wandb / "run"
     run_dir.mkdir()

@@ -98,6 +98,7 @@ def test_merge_tolerates_a_torn_last_line(tmp_path):
     assert trace.merge(tmp_path, tmp_path / "trace.json") == 1
 
 
+@pytest.mark.slow
 def test_scorer_workers_trace_their_calls_and_flush_when_stopped(tracing, tmp_path):
     """pebble stops workers with SIGTERM; the buffered events must still reach the file."""
     from tokenflow.rollout import Rollout

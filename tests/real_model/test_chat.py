@@ -18,7 +18,7 @@ from tokenflow.errors import InputError
 from tokenflow.evaluation import chat_prompt_ids, encode_prompt, prompt_encoder
 from tokenflow.runtime.drivers.episodes import EpisodeSpec, run_episodes
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 SYSTEM = "Answer in a few words."
 DATA = ["--task.name", "dataset", "--task.train_path", "tests/real_model/questions.jsonl",

@@ -17,7 +17,7 @@ from tests.real_model.real_testlib import QUESTIONS, chat_ids, float32_bounds, h
 from tokenflow.engine import Engine, EngineConfig, SamplingParams, weights_checksum
 from tokenflow.envs import ChatBridge
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 
 def _engine(path, **kw) -> Engine:

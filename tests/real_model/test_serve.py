@@ -10,7 +10,7 @@ import torch
 from tests.real_model.real_testlib import chat_ids
 from tests.serve.serve_testlib import extra, served, sync_client
 
-pytestmark = [pytest.mark.real_model, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.real_model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NAME = "smollm2-135m-instruct"
 

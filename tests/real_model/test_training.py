@@ -19,7 +19,7 @@ from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 from tokenflow.tasks import build_task
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 SYSTEM = "Answer in a few words."
 

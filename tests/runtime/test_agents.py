@@ -167,6 +167,7 @@ def greedy_asking_agent(base_url: str, example: dict) -> str:
 
 # ---- tests ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_session_rows_are_exactly_what_the_engine_returned_to_the_agent(tool_model):
     CALLS.clear()
     engine = _engine(tool_model)
@@ -257,6 +258,7 @@ def test_an_async_agent_runs_on_the_event_loop(tool_model):
 
 
 @pytest.mark.parametrize("agent,why", [("raising_agent", "ConnectionError"), ("hanging_agent", "did not return")])
+@pytest.mark.slow
 def test_an_agent_that_raises_or_hangs_fails_its_samples_and_the_group_returns(tool_model, agent, why):
     CALLS.clear()
     engine = _engine(tool_model)
@@ -295,6 +297,7 @@ def test_an_agent_task_trains_through_sessions(tmp_path):
     assert summary["baseline_accuracy"] is not None and summary["final_accuracy"] is not None
 
 
+@pytest.mark.slow
 def test_an_agent_that_does_not_load_is_refused_before_anything_starts(tmp_path):
     (tmp_path / "agent.py").write_text(textwrap.dedent("""
         def solve(base_url):

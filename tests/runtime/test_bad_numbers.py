@@ -30,6 +30,7 @@ def _strict(text: str):
     (["--algorithm.clip_high", "nan"], "algorithm.clip_high"),
     (["--sampling.temperature", "inf"], "sampling.temperature"),
 ])
+@pytest.mark.slow
 def test_a_non_finite_float_in_the_config_is_one_line_and_exit_2(args, key):
     proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", *args, "--dry-run"],
                           capture_output=True, text=True, timeout=120)
@@ -38,6 +39,7 @@ def test_a_non_finite_float_in_the_config_is_one_line_and_exit_2(args, key):
     assert key in errors[0] and "finite number" in errors[0]
 
 
+@pytest.mark.slow
 def test_a_non_finite_float_in_a_toml_file_is_refused_too(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text("[trainer]\nlr = nan\n")

@@ -39,6 +39,7 @@ def _env_of(q, name):
     q.put(os.environ.get(name))
 
 
+@pytest.mark.slow
 def test_a_forked_worker_takes_on_the_orchestrators_environment_of_now():
     worker_start.warm("forkserver")  # started before the variable is set, as a run's server is
     os.environ["TOKENFLOW_TEST_LATE_VAR"] = "set after the server started"

@@ -22,6 +22,7 @@ def rollout(text: str, i: int) -> Rollout:
     return Rollout(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], versions=[0], text=text, sample_index=i)
 
 
+@pytest.mark.slow
 def test_code_task_scores_in_the_sandbox_and_fails_a_runaway_program():
     row = json.loads((ROOT / "examples/code_task/problems.jsonl").read_text().splitlines()[0])
     a, b = map(int, row["prompt"].rstrip("=").split("+"))

@@ -46,6 +46,7 @@ def reward():
     ("assert box() == box()", False),  # the model's objects do not cross the boundary
     ("assert nothing_here() == 1", False),
 ])
+@pytest.mark.slow
 def test_a_test_passes_exactly_when_its_assertions_hold(reward, test, passes):
     got = reward.score("", f"```python\n{SOLUTION}```", {"tests": [test]})["reward"]
     assert got == (1.0 if passes else 0.0)

@@ -50,3 +50,37 @@ def test_every_scored_sample_is_shaped_whatever_comes_before_it():
     shape_overlong(group, max_tokens=32, buffer_tokens=16, factor=1.0)
     assert [r.reward for r in group] == [None, 1.0, None, 0.0]
     assert "overlong_penalty" not in failed_with_reward.rewards and group[3].rewards["overlong_penalty"] == -1.0
+
+
+def test_model_turns_are_read_from_turns_or_from_runs_of_model_tokens():
+    from tokenflow.scoring.shaping import model_turn_lengths
+
+    def r(mask, turns=None):
+        n = len(mask)
+        return Rollout(prompt_ids=[1], completion_ids=[3] * n, logprobs=[0.0] * n, versions=[0] * n, loss_mask=mask,
+                       turns=turns)
+
+    assert model_turn_lengths(r([1, 1, 0, 1, 1, 1, 0])) == [2, 3]  # runs between environment tokens
+    assert model_turn_lengths(r([0, 1, 1, 0])) == [2] and model_turn_lengths(r([1, 1, 1, 1])) == [4]
+    assert model_turn_lengths(r([0, 0])) == []
+    # with turns: model tokens counted per turn (turn 0: two, turn 1: one; the environment tokens not)
+    assert model_turn_lengths(r([1, 1, 0, 0, 1], turns=[0, 0, 0, 1, 1])) == [2, 1]
+
+
+def test_the_penalty_is_that_of_the_longest_model_turn():
+    from tokenflow.scoring.shaping import shape_overlong
+
+    n = 7
+    x = Rollout(prompt_ids=[1], completion_ids=[3] * n, logprobs=[0.0] * n, versions=[0] * n,
+                loss_mask=[1, 1, 0, 1, 1, 1, 0], reward=1.0)
+    # max 4, buffer 2: turns of 2 and 3 tokens → penalties 0 and −0.5 (one token into the buffer of 2)
+    shape_overlong([x], max_tokens=4, buffer_tokens=2, factor=1.0)
+    assert (x.reward, x.info["unshaped_reward"], x.rewards["overlong_penalty"]) == (0.5, 1.0, -0.5)
+
+
+def test_a_sample_without_model_tokens_gets_no_penalty():
+    from tokenflow.scoring.shaping import shape_overlong
+
+    x = Rollout(prompt_ids=[1], completion_ids=[3, 3], logprobs=[0.0] * 2, versions=[0] * 2, loss_mask=[0, 0], reward=1.0)
+    shape_overlong([x], max_tokens=1, buffer_tokens=1, factor=1.0)
+    assert (x.reward, x.rewards["overlong_penalty"]) == (1.0, 0.0)

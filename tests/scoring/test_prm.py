@@ -61,6 +61,7 @@ def expected_step_scores(model, tok, r: Rollout, kind: str) -> tuple[list[int], 
 
 
 @pytest.mark.parametrize("kind", ["token_classification", "causal"])
+@pytest.mark.slow
 def test_each_step_score_lands_on_its_tokens(tmp_path, default_model, kind):
     model, tok = tiny_prm(tmp_path / "prm", default_model, kind)
     scorer = ProcessRewardScorer(str(tmp_path / "prm"), kind=kind, separator=",")
@@ -77,6 +78,7 @@ def test_each_step_score_lands_on_its_tokens(tmp_path, default_model, kind):
     assert res.metrics["steps_per_sample"] == pytest.approx((2 + 1 + 3) / 3)
 
 
+@pytest.mark.slow
 def test_prm_in_its_worker_gives_per_token_advantages(tmp_path, default_model):
     model, tok = tiny_prm(tmp_path / "prm", default_model, "token_classification")
     reward = tmp_path / "zero.py"

@@ -65,6 +65,7 @@ def test_a_well_behaved_program_runs_and_its_output_comes_back(isolation):
     assert {"session", "rlimits", "scrubbed_env"} <= set(r.layers)
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_stopped_and_leaves_nothing_behind(isolation):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_program(bomb, limits=SandboxLimits(wall_s=3.0, cpu_s=2, processes=16))
@@ -80,6 +81,7 @@ def test_ten_gigabyte_allocation_is_refused():
     assert_clean(r)
 
 
+@pytest.mark.slow
 def test_infinite_loop_hits_the_cpu_limit():
     r = run_program("while True:\n    pass\n", limits=SandboxLimits(wall_s=20.0, cpu_s=1))
     assert not r.ok and r.reason == "cpu_limit"
@@ -87,6 +89,7 @@ def test_infinite_loop_hits_the_cpu_limit():
     assert_clean(r)
 
 
+@pytest.mark.slow
 def test_a_sleeping_program_is_killed_at_the_wall_clock():
     r = run_program("import time\ntime.sleep(60)", limits=SandboxLimits(wall_s=1.0))
     assert not r.ok and r.reason == "timeout"
@@ -132,6 +135,7 @@ def test_environment_secrets_do_not_reach_the_program(monkeypatch):
     assert secret not in r.stdout and secret not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_socket_to_the_parent_on_loopback_is_refused(isolation):
     need(isolation, "network_namespace")
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -134,6 +134,7 @@ def gae_by_hand(token_r, outcome, masks, values, gamma, lam) -> list[np.ndarray]
     return out
 
 
+@pytest.mark.slow
 def test_token_scorer_rewards_enter_the_returns_as_r_t(scorers):
     coef = 0.5
     spec = TokenScorerSpec("token", "token", coef, {"spec": f"{scorers}:digit_values"})

@@ -69,6 +69,7 @@ def test_reward_is_teacher_logprob_minus_behaviour_logprob(teacher, default_mode
     assert res.metrics["time_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_teacher_with_another_tokenizer_is_refused(tmp_path, teacher, default_model):
     from tokenizers import Tokenizer
 

@@ -24,6 +24,7 @@ def _tokenflow(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
     port = free_port()
     proc = _tokenflow("serve", "default", "--port", str(port), "--threads", "1", "--model-name", "tiny",
@@ -57,6 +58,7 @@ def test_serve_takes_its_key_from_the_environment_and_stops_on_sigterm():
             proc.wait()
 
 
+@pytest.mark.slow
 def test_serve_stops_within_its_timeout_with_calls_in_flight_and_logs_no_error():
     """SIGTERM with 40 long calls in flight (whole and streamed, 8 samples of 250 tokens each):
     the server is gone within --serve.shutdown_timeout_s (3 s, plus a second for the process to
@@ -108,6 +110,7 @@ def test_serve_stops_within_its_timeout_with_calls_in_flight_and_logs_no_error()
             proc.wait()
 
 
+@pytest.mark.slow
 def test_bench_serve_prints_one_json_object():
     proc = _tokenflow("bench", "serve", "--in-process", "--clients", "2", "--requests", "6", "--max-tokens", "4",
                       "--json")
@@ -118,6 +121,7 @@ def test_bench_serve_prints_one_json_object():
     assert 0 < result["ttft_p50_s"] <= result["latency_p50_s"] <= result["latency_p99_s"]
 
 
+@pytest.mark.slow
 def test_bench_serve_abuse_prints_one_json_object():
     """A small abuse run: the report's shape and the goals that do not depend on the machine's
     speed (no 5xx, every oversized body refused, nothing left in flight, a clean stop, the peak

@@ -232,6 +232,7 @@ def test_prompts_times_n_over_the_cap_is_a_400_without_tokenizing(server, monkey
     assert spy.calls == 0
 
 
+@pytest.mark.slow
 def test_prompts_are_tokenized_off_the_event_loop(server, monkeypatch):
     """A tokenizer that takes a second: /health answers meanwhile."""
     service = server.app.state.service
@@ -261,6 +262,7 @@ def _call_in_thread(url: str, body: dict, read_timeout_s: float, out: list) -> t
     return t
 
 
+@pytest.mark.slow
 def test_past_the_admission_limits_a_request_is_a_429_with_retry_after(server):
     """max_requests = 2 and 600 tokens in flight: a third request, and a request whose tokens
     do not fit beside the ones admitted, are 429s in OpenAI's shape with Retry-After; a request
@@ -320,6 +322,7 @@ def test_a_whole_call_whose_client_disconnects_stops_in_the_engine(server):
 
 # ---- stopping ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_stop_ends_calls_in_flight_within_its_time_and_logs_no_traceback(caplog):
     """Two long calls (a whole one and a stream, 12 s each) when the stop comes: they get a 503
     (the stream: an error event, then [DONE]) before the stop's 2 s are up, nothing is cancelled
@@ -365,6 +368,7 @@ def test_a_stop_ends_calls_in_flight_within_its_time_and_logs_no_traceback(caplo
 
 # ---- sessions ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sessions_are_bounded_in_number_calls_and_idle_time():
     import asyncio
     from contextlib import asynccontextmanager

@@ -25,6 +25,7 @@ FUZZ_BUDGET_S = 120
 MIN_CHECKED = 10  # per generation endpoint and mode, however slow the machine
 
 
+@pytest.mark.slow
 def test_the_openapi_document_survives_a_bounded_fuzz():
     engine = make_engine(resolve_model_path("default-tool"),
                          EngineConfig(device="cpu", threads=1, max_num_seqs=8, max_model_len=96, seed=0))

@@ -38,6 +38,7 @@ def test_tables_are_printed(capsys):
     assert "trainer idle" in text and "token age at consumption" in text
 
 
+@pytest.mark.slow
 def test_sweep_two_axes_table_figure_and_best(capsys, tmp_path):
     argv = ["simulate", "--preset", "h100-7b-vllm", "--sweep", "hardware.inference_gpus=2,4,8",
             "--sweep", "rollout.max_staleness=0,2", "--out", str(tmp_path), *QUICK]

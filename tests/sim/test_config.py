@@ -117,6 +117,7 @@ def test_sweep_spec_values_are_toml_scalars():
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.slow
 def test_every_preset_simulates(name):
     r = simulate(load_config(preset=name, overrides={"sim.steps": 3, "sim.warmup_steps": 1,
                                                       "workload.completion_median": 512,

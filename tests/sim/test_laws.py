@@ -11,6 +11,7 @@ from tokenflow.sim import simulate
 
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.8, 1.0, 1.5, 3.0])
 @pytest.mark.parametrize("p90", [200, 600])
+@pytest.mark.slow
 def test_trainer_idle_tends_to_one_minus_t_over_g(ideal, ratio, p90):
     """Free sync, unbounded staleness: trainer idle -> max(0, 1 - T/G)."""
     probe = ideal(workload__completion_p90=p90, hardware__train_step_s=1.0)
@@ -55,6 +56,7 @@ def test_synchronous_step_is_generation_plus_training_plus_sync(ideal, mode, tra
 
 
 @pytest.mark.parametrize("mode", ["inflight", "abort", "drain", "blocking"])
+@pytest.mark.slow
 def test_deeper_buffer_never_lowers_throughput(small, mode):
     """Throughput (mean of three seeds) is non-decreasing in max_staleness, within 2 % of
     finite-run noise: drain flattens out once every update waits for the slowest running

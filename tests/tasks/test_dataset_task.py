@@ -40,6 +40,7 @@ def test_jsonl_task_streams_epochs_and_holds_out_eval(tmp_path, reward_file):
     assert task.reward_fn(p.text, p.example["answer"], p.example)["reward"] == 1.0
 
 
+@pytest.mark.slow
 def test_parquet_task(tmp_path, reward_file):
     import datasets
 

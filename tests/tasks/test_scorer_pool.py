@@ -30,6 +30,7 @@ def rollout(text: str, i: int) -> Rollout:
     return Rollout(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], versions=[0], text=text, sample_index=i)
 
 
+@pytest.mark.slow
 def test_failures_are_per_sample(rewards):
     pool = ScorerPool(f"{rewards}:by_text", workers=2, timeout_s=1.0)
     try:
