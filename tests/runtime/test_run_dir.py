@@ -164,12 +164,12 @@ def test_reset_forgets_the_logs_and_the_staging_folders(tmp_path):
 def test_the_rollout_log_and_what_a_resume_drops(tmp_path):
     run = RunDir(tmp_path).create()
     r = Rollout([1, 2], [3], [-0.5], [1], group_id=4, prompt_id=9, sample_index=1, reward=0.5, text="x",
-                finish_reason="stop", token_rewards=[0.25])
+                finish_reason="stop", token_rewards=[0.25], info={"engine": "engine1"})
     run.append_rollouts(3, [r])
     assert json.loads(run.rollouts.read_text()) == {
         "step": 3, "group_id": 4, "prompt_id": 9, "sample_index": 1, "prompt_ids": [1, 2], "completion_ids": [3],
         "logprobs": [-0.5], "versions": [1], "reward": 0.5, "failed": False, "finish_reason": "stop", "text": "x",
-        "token_rewards": [0.25]}
+        "engine": "engine1", "token_rewards": [0.25]}
     run.metrics.write_text("".join(json.dumps(x) + "\n" for x in (
         {"step": 0, "eval/accuracy": 0.1}, {"step": 1}, {"step": 2, "loss": 1.0}, {"step": 2, "eval/accuracy": 0.5},
         {"step": 3}, {"eval/accuracy": 0.2})))
