@@ -54,6 +54,11 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=None, help="run.steps (default: 2 × kills + 6)")
     p.add_argument("--worker-timeout", type=float, default=60.0,
                    help="runtime.worker_timeout_s: how long a run may take to stop after a worker dies")
+    p.add_argument("--heal", action="store_true",
+                   help="kill trainer, engines and scorers of ONE run, which must heal itself and finish without a "
+                        "resume (runtime.max_worker_restarts; bench/chaos_heal.py)")
+    p.add_argument("--ref-seeds", type=int, default=3,
+                   help="--heal: unkilled runs (seeds 0..N-1) whose final accuracies bound the healed run's")
     p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-chaos-<time>)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run, _allow_overrides=True)
@@ -205,8 +210,14 @@ def _config(args, overrides: list[str]):
     base = [] if args.config else list(SMALL)
     forced = ["--rollout.max_staleness", "0", "--metrics.progress", "false", "--run.steps", str(steps),
               "--runtime.worker_timeout_s", str(args.worker_timeout)]
-    if not any(o.startswith("--run.checkpoint_every") for o in overrides):
-        forced += ["--run.checkpoint_every", "1"]
+    if args.heal:
+        from tokenflow.bench.chaos_heal import forced as heal_forced
+
+        forced += heal_forced(args, overrides)
+    else:  # each kill stops the run, and a resume continues it
+        forced += ["--runtime.max_worker_restarts", "0"]
+        if not any(o.startswith("--run.checkpoint_every") for o in overrides):
+            forced += ["--run.checkpoint_every", "1"]
     return load_config(TrainConfig, args.config or default_config_path(), [*base, *overrides, *forced])
 
 
@@ -229,6 +240,15 @@ def run(args, overrides: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(cfg))
+    if args.heal:
+        from tokenflow.bench import chaos_heal
+
+        result = chaos_heal.run(args, out / "config.toml", out)
+        if args.json:
+            print(json.dumps(result, default=str))
+        else:
+            chaos_heal.print_table(result)
+        return 0 if result["ok"] else 1
     steps, t_start = cfg.run.steps, time.monotonic()
     ref, chaos, chaos_log = out / "reference", out / "chaos", out / "chaos.log"
 
