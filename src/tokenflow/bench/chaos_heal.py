@@ -15,8 +15,9 @@ with exit status 0, and:
     accuracy                    final held-out accuracy within [min, max] of ``--ref-seeds`` unkilled runs
     weights                     against the unkilled run of the same seed (≤ 1e-6: a healed trainer
                                 replays the same batches, a healed engine regenerates the same tokens)
-    time lost per kill          from the kill to the next finished step, less the unkilled run's
-                                median step time; the median over kills, and the whole run's extra time
+    time lost per kill          from the kill to the first step finished after the replacement was
+                                up (heal.jsonl), less the unkilled run's median step time; the
+                                median over kills, and the whole run's extra time per kill
 
 It writes ``chaos.json`` (every kill, and the run's ``heal.jsonl``) to its output folder and
 exits 0 only when every check holds.
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 from tokenflow.bench import chaos_checks as checks
-from tokenflow.bench.chaos import TOLERANCE, _alive, _children, _start, _steps_done, _wait
+from tokenflow.bench.chaos_procs import TOLERANCE, alive, children, start_train, steps_done, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,10 @@ def _pid(kind: str, run_dir: Path, orchestrator: int) -> int | None:
         return None
     if kind == "scorer":  # pebble may have replaced one itself: ask /proc
         roles = {p for name, p in w.items() if not name.startswith("scorer")}
-        live = [p for p in _children(orchestrator) if p not in roles]
+        live = [p for p in children(orchestrator) if p not in roles]
         return live[0] if live else None
     pid = next((p for name, p in sorted(w.items()) if name.startswith(kind)), None)  # engine, engine0, ...
-    return pid if pid and _alive(pid) else None
+    return pid if pid and alive(pid) else None
 
 
 def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, steps: int, timeout: float) -> list[dict]:
@@ -73,20 +74,24 @@ def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, step
     for kind in schedule:
         rec = {"kind": kind, "landed": False}
         records.append(rec)
-        if not _wait(lambda: _pid(kind, run_dir, proc.pid) is not None, timeout, proc):
+        if not wait_until(lambda: _pid(kind, run_dir, proc.pid) is not None, timeout, proc):
             rec["why"] = "no live worker to kill"
             break
-        _wait(lambda: False, rng.uniform(0.0, 1.5), proc)  # a random moment of a step
-        pid, step = _pid(kind, run_dir, proc.pid), _steps_done(run_dir)
+        wait_until(lambda: False, rng.uniform(0.0, 1.5), proc)  # a random moment of a step
+        pid, step = _pid(kind, run_dir, proc.pid), steps_done(run_dir)
         if pid is None or proc.poll() is not None or step >= steps - 2:
             rec["why"] = "the run was (nearly) done"
             break
-        t_kill = time.monotonic()
+        seen, t_kill = len(_read_heal(run_dir)), time.monotonic()
         os.kill(pid, signal.SIGKILL)
         rec.update(pid=pid, step_at_kill=step)
-        dead = _wait(lambda: not _alive(pid), 10, proc) or not _alive(pid)
-        # Recovered: a step finished after the kill (the replacement is up and the run goes on).
-        recovered = _wait(lambda: _steps_done(run_dir) > step, timeout, proc)
+        dead = wait_until(lambda: not alive(pid), 10, proc) or not alive(pid)
+        # Recovered: the replacement is up (its heal.jsonl row) and a step finished after that.
+        event = "replaced" if kind == "scorer" else "ready"
+        rec["healed"] = wait_until(lambda: any(r["worker"].startswith(kind) and r["event"] == event
+                                          for r in _read_heal(run_dir)[seen:]), min(timeout, 60.0), proc)
+        up = steps_done(run_dir)
+        recovered = wait_until(lambda: steps_done(run_dir) > max(step, up), timeout, proc)
         rec["recovery_s"] = round(time.monotonic() - t_kill, 2)
         rec["landed"] = bool(dead and recovered)
         log.info("bench chaos --heal: %s", rec)
@@ -121,7 +126,7 @@ def run(args, cfg_path: Path, out: Path) -> dict:
     kinds = [k for k in KINDS if k in args.kinds.split(",")] or list(KINDS)
     schedule = [kinds[i % len(kinds)] for i in range(args.kills)]
     rng.shuffle(schedule)
-    proc = _start([str(cfg_path), "--output-dir", str(chaos)], chaos_log)
+    proc = start_train([str(cfg_path), "--output-dir", str(chaos)], chaos_log)
     t0 = time.monotonic()
     records = _kill_all(schedule, rng, proc, chaos, steps, args.worker_timeout * 4)
     try:
@@ -135,7 +140,7 @@ def run(args, cfg_path: Path, out: Path) -> dict:
         ref = out / f"reference-seed{seed}"
         log.info("bench chaos --heal: unkilled run, seed %d → %s", seed, ref)
         t1 = time.monotonic()
-        p = _start([str(cfg_path), "--output-dir", str(ref), "--run.seed", str(seed)], out / f"reference-seed{seed}.log")
+        p = start_train([str(cfg_path), "--output-dir", str(ref), "--run.seed", str(seed)], out / f"reference-seed{seed}.log")
         refs.append({"seed": seed, "exit": p.wait(), "wall_s": round(time.monotonic() - t1, 1),
                      "final_accuracy": _final_accuracy(ref), "dir": ref})
     landed = [r for r in records if r["landed"]]
@@ -190,10 +195,18 @@ def run(args, cfg_path: Path, out: Path) -> dict:
 
 
 def _read_heal(run_dir: Path) -> list[dict]:
-    from tokenflow.metrics.sinks import read_jsonl
-
-    path = run_dir / "heal.jsonl"
-    return read_jsonl(path) if path.exists() else []
+    """The run's ``heal.jsonl`` (a line still being written is left for the next read)."""
+    try:
+        lines = (run_dir / "heal.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
 
 
 def _trainer_restart_median(rows: list[dict]) -> float | None:
@@ -216,7 +229,7 @@ def _stragglers(run_dir: Path, heal_rows: list[dict], records: list[dict]) -> in
     except (OSError, ValueError):
         pass
     time.sleep(2.0)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     for p in left:
         try:
             os.kill(p, signal.SIGKILL)

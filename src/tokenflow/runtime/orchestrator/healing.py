@@ -35,14 +35,14 @@ class RestartPolicy:
     """How often each worker may be replaced: ``max_restarts`` times in the run, and not again
     within ``window_s`` seconds of its last replacement (a crash loop stops the run)."""
 
-    def __init__(self, max_restarts: int, window_s: float) -> None:
-        self.max_restarts, self.window_s = max_restarts, window_s
+    def __init__(self, max_restarts: int, window_s: float, clock=time.monotonic) -> None:
+        self.max_restarts, self.window_s, self.clock = max_restarts, window_s, clock
         self.counts: Counter = Counter()
         self.last: dict[str, float] = {}
 
     def admit(self, worker: str, error: Exception) -> int:
         """Count a replacement of ``worker`` (its number), or raise ``WorkerDied`` saying why not."""
-        n, now = self.counts[worker], time.monotonic()
+        n, now = self.counts[worker], self.clock()
         if n >= self.max_restarts:
             why = (f"runtime.max_worker_restarts = {self.max_restarts}" if not n else
                    f"it was replaced {n} time{'s' * (n != 1)} already (runtime.max_worker_restarts = {self.max_restarts})")
@@ -71,6 +71,7 @@ class Healer:
         self.sent: list[M.Train] = []  # Train messages since the last committed checkpoint
         self.replay: list[M.Train] | None = None  # what a replaced trainer does before anything new
         self.resave = None  # the staging folder of a checkpoint the dead trainer never wrote
+        self.booting: set[str] = set()  # replaced engines that have not sent WorkerBooted yet
         self.log_path = orch.run_dir.root / "heal.jsonl"
 
     # ---- what the orchestrator tells us ------------------------------------------------------
@@ -103,6 +104,12 @@ class Healer:
             orch.trainer_busy = True
         self.resave = None
         self._note("trainer", "ready", replayed=len(replay) - (in_flight is not None))
+
+    def booted(self, worker: str) -> None:
+        """A replaced engine has loaded its model (``WorkerBooted``)."""
+        if worker in self.booting:
+            self.booting.discard(worker)
+            self._note(worker, "ready")
 
     def relay(self, msg: M.RelayedNotice) -> None:
         self.orch.backend.engines[msg.index].send(msg.notice)
@@ -153,6 +160,7 @@ class Healer:
         index = orch.backend.replace_engine(name)
         orch.backend.trainer.send(M.EngineReplaced(index))  # its notices reach the new queue through us
         resend_after_restart(orch, M.WorkerRestarted(name, n))
+        self.booting.add(name)
         self._note(name, "replaced", error=error, pid=orch.backend.engines[index].pid)
 
     def _replace_trainer(self, error: str) -> None:
@@ -170,6 +178,8 @@ class Healer:
         self._release_sync(orch.sync_spec)
         orch.sync_spec, orch.sync_broken = None, None
         orch.trainer_busy, orch.trainer_ready = True, False
+        for name in orch.backend.locked_engines():  # killed mid-write into it: new queues (not counted)
+            self._replace_engine(name, self.policy.counts[name], "the dead trainer left its command queue locked")
         orch.backend.replace_trainer(ckpt if ckpt is not None and restored > start else None)
         orch.last_msg_from[orch.backend.trainer.name] = time.monotonic()
         self.replay = replay

@@ -55,6 +55,7 @@ def handle(orch, worker: str, msg) -> None:
     elif isinstance(msg, M.WorkerBooted):
         orch.booted.add(worker)
         orch.worker_marks.update(msg.marks)
+        orch.healer.booted(worker)
     elif isinstance(msg, M.TrainerReady):
         phases.mark("trainer_ready")
         orch.trainer_busy = False

@@ -126,6 +126,7 @@ class WorkerHandle:
         self.name = name
         self.cmd_q = cmd_q if cmd_q is not None else self._ctx.Queue()
         self._target, self._logs, self._env = target, logs, env
+        self.retired: list = []  # queues of the processes this handle replaced (see renew)
         self.process = self._process(args)
 
     def _process(self, args: tuple):
@@ -158,7 +159,9 @@ class WorkerHandle:
     def renew(self, args: tuple, cmd_q) -> "WorkerHandle":
         """The same worker in a new process (not started), reading ``cmd_q``: the process it
         replaces is dead or is killed here first. Its old queue is dropped unjoined (what a dead
-        reader never took stays with it; it may have died holding the queue's lock)."""
+        reader never took stays with it; it may have died holding the queue's lock). The old
+        queue is kept, not collected: collecting it unlinks its semaphores, and a worker still
+        starting (a trainer unpickling the engines' queues) would fail to open them."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(5)
@@ -166,6 +169,7 @@ class WorkerHandle:
         if old is not cmd_q:
             old.cancel_join_thread()
             old.close()
+            self.retired.append(old)
         self.process = self._process(args)
         return self
 

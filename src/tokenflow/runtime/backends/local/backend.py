@@ -39,6 +39,7 @@ class LocalBackend:
         # One result queue per worker: a worker killed while writing would leave a shared
         # queue's lock held (every other writer blocked) or half a message in its pipe.
         self._out: dict[str, object] = {}
+        self._retired: list = []
         self.logs = LogForwarder(ctx)
         self._engine_args = (engine_model_path, cfg.engine.model_copy(update={"version": engine_version}))
         self.engines = []
@@ -64,8 +65,9 @@ class LocalBackend:
 
     def _result_queue(self, name: str):
         q = self._out.pop(name, None)
-        if q is not None:
-            q.close()  # a dead worker's messages not read yet are dropped with it
+        if q is not None:  # a dead worker's messages not read yet are dropped with it
+            q.close()
+            self._retired.append(q)  # kept: collecting it would unlink its semaphores (WorkerHandle.renew)
         self._out[name] = self._ctx.Queue()
         return self._out[name]
 
@@ -97,6 +99,12 @@ class LocalBackend:
         h.renew(self._engine_argv(name, q, attach_first=True), q).start()
         h.load = 0
         return index
+
+    def locked_engines(self) -> list[str]:
+        """Engines whose command queue a dead writer left locked: the trainer writes weight
+        notices there, and one killed mid-write holds the queue's lock for ever (nothing more
+        would reach the engine). Such an engine is replaced too (new queues)."""
+        return [e.name for e in self.engines if not _lock_free(e.cmd_q)]
 
     def replace_trainer(self, checkpoint=None) -> None:
         """Stop every trainer rank (one died; the others cannot go on without it) and start them
@@ -162,6 +170,16 @@ class LocalBackend:
         for q in self._out.values():
             q.close()
         self.logs.stop()
+
+
+def _lock_free(q, timeout_s: float = 1.0) -> bool:
+    """Whether ``q``'s write lock can be taken (our own feeder thread holds it only to write)."""
+    lock = getattr(q, "_wlock", None)
+    if lock is None or lock.acquire(timeout=timeout_s):
+        if lock is not None:
+            lock.release()
+        return True
+    return False
 
 
 def _threads_after_training(cfg, num_engines: int) -> int | None:
