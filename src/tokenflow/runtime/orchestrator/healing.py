@@ -158,10 +158,12 @@ class Healer:
     def _replace_engine(self, name: str, n: int, error: str) -> None:
         orch = self.orch
         index = orch.backend.replace_engine(name)
+        engine = orch.backend.engines[index]
+        lost = sum(1 for h, _ in orch.group_engine.values() if h is engine)
         orch.backend.trainer.send(M.EngineReplaced(index))  # its notices reach the new queue through us
         resend_after_restart(orch, M.WorkerRestarted(name, n))
         self.booting.add(name)
-        self._note(name, "replaced", error=error, pid=orch.backend.engines[index].pid)
+        self._note(name, "replaced", error=error, pid=engine.pid, resent_groups=lost)
 
     def _replace_trainer(self, error: str) -> None:
         orch = self.orch
