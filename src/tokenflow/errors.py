@@ -24,4 +24,10 @@ class InputError(ValueError):
 
 
 class WorkerDied(RuntimeError):
-    """A worker process died; the message names it and how it ended."""
+    """A worker process died; the message names it and how it ended. ``worker`` is its name
+    ("engine0", "trainer", "scorer") where the raiser knows it, so the run can replace it
+    (``runtime.max_worker_restarts``)."""
+
+    def __init__(self, message: str, worker: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker

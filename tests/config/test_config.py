@@ -74,3 +74,15 @@ def test_missing_file_is_named(tmp_path):
 def test_builtin_tasks_take_no_plugin_options():
     with pytest.raises(ConfigError, match=r"task.options \(depth\) is for plugin tasks"):
         load_config(TrainConfig, None, ["--task.options.depth", "3"])
+
+
+def test_max_engine_restarts_is_read_as_max_worker_restarts(tmp_path):
+    """A config (or a run folder's config.toml) from before healing covered every worker."""
+    old = tmp_path / "old.toml"
+    old.write_text("[runtime]\nmax_engine_restarts = 1\n")
+    assert load_config(TrainConfig, old).runtime.max_worker_restarts == 1
+    assert "max_engine_restarts" not in to_toml(load_config(TrainConfig, old))
+    assert load_config(TrainConfig, None, []).runtime.max_worker_restarts == 3  # on by default
+    with pytest.raises(ConfigError, match=r"runtime.max_engine_restarts is now runtime.max_worker_restarts.*set "
+                                          r"only runtime.max_worker_restarts"):
+        load_config(TrainConfig, old, ["--runtime.max_worker_restarts", "2"])

@@ -66,7 +66,7 @@ def test_a_reward_function_that_raises_fails_samples_not_the_run(tmp_path):
 
 def test_a_dead_engine_stops_the_run_with_its_name(tmp_path):
     run = tmp_path / "run"
-    args = [*SMALL, "--output-dir", str(run), "--run.steps", "50"]
+    args = [*SMALL, "--output-dir", str(run), "--run.steps", "50", "--runtime.max_worker_restarts", "0"]
     proc = start_cli(args, tmp_path / "log")
     try:
         wait_until(lambda: (run / "metrics.jsonl").exists() and len(step_rows(run)) >= 1, 240, "a step", proc)

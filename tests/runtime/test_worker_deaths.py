@@ -1,5 +1,5 @@
-"""A worker of any kind that dies ends the run within runtime.worker_timeout_s, naming it, with a
-resume command that works; /dev/shm holds nothing of the run afterwards; a finished run resumed
+"""With healing off (runtime.max_worker_restarts = 0), a worker of any kind that dies ends the run
+within runtime.worker_timeout_s, naming it, with a resume command that works; /dev/shm holds nothing of the run afterwards; a finished run resumed
 says so and changes nothing."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 def test_a_killed_worker_ends_the_run_in_time_with_a_resume_command_that_works(tmp_path, kind, named):
     run = tmp_path / "run"
     args = [*SMALL, "--output-dir", str(run), "--run.steps", "40", "--run.checkpoint_every", "1",
-            "--rollout.max_staleness", "1", "--runtime.worker_timeout_s", str(TIMEOUT_S)]
+            "--rollout.max_staleness", "1", "--runtime.worker_timeout_s", str(TIMEOUT_S),
+            "--runtime.max_worker_restarts", "0"]
     log = tmp_path / "first.log"
     proc = start_cli(args, log)
     try:
@@ -55,7 +56,8 @@ def test_a_killed_worker_ends_the_run_in_time_with_a_resume_command_that_works(t
 
 def test_a_crash_before_the_first_checkpoint_advises_a_resume_that_works(tmp_path):
     run = tmp_path / "run"
-    args = [*SMALL, "--output-dir", str(run), "--run.steps", "40", "--run.checkpoint_every", "0"]
+    args = [*SMALL, "--output-dir", str(run), "--run.steps", "40", "--run.checkpoint_every", "0",
+            "--runtime.max_worker_restarts", "0"]
     log = tmp_path / "first.log"
     proc = start_cli(args, log)
     try:
@@ -90,7 +92,7 @@ os.kill(w.pid, signal.SIGKILL)
 w.process.join()
 w.send(b"x" * (4 << 20))  # a batch bigger than the pipe holds: the queue's feeder blocks on it
 time.sleep(0.5)
-LocalBackend.shutdown(SimpleNamespace(engines=[], trainer_ranks=[w], all_workers=[w],
+LocalBackend.shutdown(SimpleNamespace(engines=[], trainer_ranks=[w], all_workers=[w], _out={},
                                      logs=SimpleNamespace(stop=lambda: None)))  # no log forwarding here
 print("exiting", flush=True)
 """

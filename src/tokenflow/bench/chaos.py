@@ -36,10 +36,11 @@ import sys
 import time
 from pathlib import Path
 
+from tokenflow.bench.chaos_procs import TOLERANCE, alive, children, start_train, steps_done, wait_until
+
 log = logging.getLogger(__name__)
 
 KINDS = ("tree", "engine", "trainer", "scorer")
-TOLERANCE = 1e-6
 # The default task, small: a kill lands every few seconds of progress.
 SMALL = ["--rollout.prompts_per_step", "4", "--rollout.group_size", "4", "--run.eval_limit", "8",
          "--sampling.max_tokens", "64", "--metrics.sinks", '["jsonl"]', "--trainer.lr", "3e-4"]
@@ -54,44 +55,17 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=None, help="run.steps (default: 2 × kills + 6)")
     p.add_argument("--worker-timeout", type=float, default=60.0,
                    help="runtime.worker_timeout_s: how long a run may take to stop after a worker dies")
+    p.add_argument("--heal", action="store_true",
+                   help="kill trainer, engines and scorers of ONE run, which must heal itself and finish without a "
+                        "resume (runtime.max_worker_restarts; bench/chaos_heal.py)")
+    p.add_argument("--ref-seeds", type=int, default=3,
+                   help="--heal: unkilled runs (seeds 0..N-1) whose final accuracies bound the healed run's")
     p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-chaos-<time>)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run, _allow_overrides=True)
 
 
-# ---- processes ---------------------------------------------------------------------------------------
-def _start(args: list[str], log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "a") as f:
-        f.write(f"\n==== tokenflow train {' '.join(args)}\n")
-    return subprocess.Popen([sys.executable, "-m", "tokenflow.cli.main", "train", *args], env=env,
-                            stdout=open(log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _children(pid: int) -> list[int]:
-    """Spawned children of ``pid`` (from /proc): the scorer workers among them."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid and b"spawn_main" in (d / "cmdline").read_bytes():
-                out.append(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
+# ---- processes ----------------------------------------------------------------------------------------
 def _workers(proc: subprocess.Popen, run_dir: Path) -> dict[str, int] | None:
     """This invocation's processes by role (None until it has written workers.json)."""
     try:
@@ -103,33 +77,14 @@ def _workers(proc: subprocess.Popen, run_dir: Path) -> dict[str, int] | None:
     # Scorer workers from /proc: pebble replaces one that a timeout killed, and workers.json
     # only knows the first ones.
     roles = {k: v for k, v in w.items() if not k.startswith("scorer")}
-    scorers = [p for p in _children(proc.pid) if p not in roles.values()]
+    scorers = [p for p in children(proc.pid) if p not in roles.values()]
     return {**roles, **{f"scorer{i}": p for i, p in enumerate(scorers)}}
-
-
-def _steps_done(run_dir: Path) -> int:
-    try:
-        return sum(1 for line in open(run_dir / "prompts.jsonl") if line.strip())
-    except OSError:
-        return 0
-
-
-def _wait(pred, timeout: float, proc: subprocess.Popen) -> bool:
-    """True once ``pred()``; False if the process exits first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.05)
-    return False
 
 
 # ---- one kill ----------------------------------------------------------------------------------------
 def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log_path: Path, steps: int,
               worker_timeout: float) -> dict:
-    proc = _start(args, log_path)
+    proc = start_train(args, log_path)
     rec = {"kind": kind, "killed": False}
     workers: dict = {}
 
@@ -138,22 +93,22 @@ def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log
         workers = _workers(proc, run_dir) or {}
         return bool(workers) and (kind != "scorer" or any(k.startswith("scorer") for k in workers))
 
-    if not _wait(ready, 600, proc):
+    if not wait_until(ready, 600, proc):
         return {**rec, **_ended_by_itself(proc, log_path)}
     if rng.random() < 0.25:  # during start-up: models loading, the baseline evaluation
         rec["moment"] = "start-up"
-        _wait(lambda: False, rng.uniform(0.0, 3.0), proc)
+        wait_until(lambda: False, rng.uniform(0.0, 3.0), proc)
     else:  # some way into a step: generating, scoring, training, syncing or checkpointing
         # A worker killed after the last training step may not be needed any more (the run can
         # end without it), so kills aim at least two steps before the end; a whole tree too,
         # since the end of a run (final evaluation, checkpoint, exit) takes about a second now.
-        target = min(_steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 2)
+        target = min(steps_done(run_dir) + rng.choice((1, 1, 2)), steps - 2)
         rec["moment"] = f"step {target}+"
-        _wait(lambda: _steps_done(run_dir) >= target, 900, proc)
-        _wait(lambda: False, rng.uniform(0.0, 1.5), proc)
-    if proc.poll() is not None or (kind != "tree" and _steps_done(run_dir) >= steps):
+        wait_until(lambda: steps_done(run_dir) >= target, 900, proc)
+        wait_until(lambda: False, rng.uniform(0.0, 1.5), proc)
+    if proc.poll() is not None or (kind != "tree" and steps_done(run_dir) >= steps):
         return {**rec, **_ended_by_itself(proc, log_path)}  # too late for this kill: not counted
-    rec["step_at_kill"] = _steps_done(run_dir)
+    rec["step_at_kill"] = steps_done(run_dir)
     pids = dict(workers, **(_workers(proc, run_dir) or {}))
     if kind == "tree":
         os.killpg(proc.pid, signal.SIGKILL)
@@ -177,7 +132,7 @@ def _one_kill(kind: str, rng: random.Random, args: list[str], run_dir: Path, log
         rec["exit_code"] = proc.returncode
     # Workers notice an orphaned state within about a second; anything left after that lingers.
     time.sleep(3.0)
-    left = [p for p in pids.values() if p != proc.pid and _alive(p)]
+    left = [p for p in pids.values() if p != proc.pid and alive(p)]
     rec["stragglers"] = len(left)
     for p in left:
         try:
@@ -205,8 +160,14 @@ def _config(args, overrides: list[str]):
     base = [] if args.config else list(SMALL)
     forced = ["--rollout.max_staleness", "0", "--metrics.progress", "false", "--run.steps", str(steps),
               "--runtime.worker_timeout_s", str(args.worker_timeout)]
-    if not any(o.startswith("--run.checkpoint_every") for o in overrides):
-        forced += ["--run.checkpoint_every", "1"]
+    if args.heal:
+        from tokenflow.bench.chaos_heal import forced as heal_forced
+
+        forced += heal_forced(args, overrides)
+    else:  # each kill stops the run, and a resume continues it
+        forced += ["--runtime.max_worker_restarts", "0"]
+        if not any(o.startswith("--run.checkpoint_every") for o in overrides):
+            forced += ["--run.checkpoint_every", "1"]
     return load_config(TrainConfig, args.config or default_config_path(), [*base, *overrides, *forced])
 
 
@@ -229,6 +190,15 @@ def run(args, overrides: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(cfg))
+    if args.heal:
+        from tokenflow.bench import chaos_heal
+
+        result = chaos_heal.run(args, out / "config.toml", out)
+        if args.json:
+            print(json.dumps(result, default=str))
+        else:
+            chaos_heal.print_table(result)
+        return 0 if result["ok"] else 1
     steps, t_start = cfg.run.steps, time.monotonic()
     ref, chaos, chaos_log = out / "reference", out / "chaos", out / "chaos.log"
 
@@ -239,9 +209,9 @@ def run(args, overrides: list[str] | None = None) -> int:
     finished = False
     if not failed:
         log.info("bench chaos: final resume → %s (%d steps)", chaos, steps)
-        finished = _start(["--resume", str(chaos), "--run.steps", str(steps)], chaos_log).wait() == 0
+        finished = start_train(["--resume", str(chaos), "--run.steps", str(steps)], chaos_log).wait() == 0
     log.info("bench chaos: reference run (never killed, %d steps) → %s", steps, ref)
-    proc = _start([str(out / "config.toml"), "--output-dir", str(ref), "--run.steps", str(steps)],
+    proc = start_train([str(out / "config.toml"), "--output-dir", str(ref), "--run.steps", str(steps)],
                   out / "reference.log")
     if proc.wait() != 0:
         print(f"error: the reference run failed; see {out / 'reference.log'}", file=sys.stderr)

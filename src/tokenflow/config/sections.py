@@ -216,10 +216,31 @@ class RuntimeConfig(ConfigModel):
     ray_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = None
     """Reserve all engine and trainer actors at once as one Ray placement group with this
     strategy (None: place each actor on its own)."""
-    max_engine_restarts: int = Field(default=3, ge=0)
-    """Ray backend: times a dead engine actor is restarted; its in-flight prompts are re-sent
-    and it comes back with the newest weights (under sync.transport = "broadcast" the trainer
-    re-forms the weight-sync group around it). The local backend stops the run instead."""
+    max_worker_restarts: int = Field(default=3, ge=0)
+    """Times each worker (the trainer, each engine, the scorer pool) is replaced when it dies,
+    while the run goes on (0: a death stops the run, with the resume command). A new trainer
+    starts from the last checkpoint and re-trains the batches taken since, so the weights and
+    the prompt ledger come out as if it had not died; a new engine loads the current weights
+    and its in-flight groups are generated again; a new scorer pool scores its groups again
+    (docs/robustness.md, "A worker dies"). That is the local backend; on Ray, dead engine
+    actors are restarted this many times and a dead trainer stops the run. Before this key was
+    runtime.max_engine_restarts (Ray engines only), which is still read as this one."""
+    restart_window_s: float = Field(default=60.0, ge=0)
+    """A worker that dies again within this many seconds of being replaced stops the run
+    instead (a crash loop is not healed); 0 turns the check off."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_restarts(cls, data: Any) -> Any:
+        """``max_engine_restarts`` (the Ray backend's engine restarts) became ``max_worker_restarts``."""
+        if isinstance(data, dict) and "max_engine_restarts" in data:
+            data = dict(data)
+            old = data.pop("max_engine_restarts")
+            if "max_worker_restarts" in data and data["max_worker_restarts"] != old:
+                raise ValueError("runtime.max_engine_restarts is now runtime.max_worker_restarts (it covers the "
+                                 "trainer and the scorers too); set only runtime.max_worker_restarts")
+            data["max_worker_restarts"] = old
+        return data
 
     @model_validator(mode="after")
     def _engine_bounds(self) -> "RuntimeConfig":

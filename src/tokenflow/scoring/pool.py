@@ -10,8 +10,9 @@ counted and logged.
 A worker process that dies (killed, out of memory, a reward that calls ``os._exit`` or
 segfaults) is different: pebble cannot tell which samples it took down with it, and a pool whose
 idle worker died refuses new work. :meth:`ScorerPool.check`, called on every turn of the
-orchestrator's loop, raises :class:`ScorerDied` naming the process, so the run stops with a
-resume command instead of a traceback.
+orchestrator's loop, raises :class:`ScorerDied` naming the process; the orchestrator then
+either stops the run with a resume command, or (``runtime.max_worker_restarts``) calls
+:meth:`ScorerPool.restart`, which builds a new pool and scores every pending group again.
 
 Workers load the reward function themselves from its ``module:function`` name (the pool's
 initializer), so nothing but strings and small dicts crosses the process boundary.
@@ -127,6 +128,8 @@ class _Pending:
 class ScorerPool:
     """Scores whole groups; ``poll()`` returns the groups whose every sample is done."""
 
+    _broken: ScorerDied | None = None  # a submit found the pool broken; check() reports it
+
     shape = "sample"
     """The reward function's shape: "sample" or "group" (a group that runs out of time has no
     per-sample retry and fails whole)."""
@@ -141,11 +144,12 @@ class ScorerPool:
             raise ValueError(f"task.reward {reward_spec!r} is a token scorer; name it in scorer.token "
                              "and give the task an outcome reward (per sample or per group)")
         self.timeout_s = timeout_s
-        # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
         tdir = trace.trace_dir()  # scorer processes trace into the run's folder too
-        self._pool = ProcessPool(max_workers=workers, initializer=_init_worker,
-                                 initargs=(reward_spec, str(tdir) if tdir else None),
-                                 context=mp.get_context("spawn"))
+        # spawn: the parent holds torch threads; forking it can deadlock OpenMP in the child.
+        self._new_pool = lambda: ProcessPool(max_workers=workers, initializer=_init_worker,
+                                             initargs=(reward_spec, str(tdir) if tdir else None),
+                                             context=mp.get_context("spawn"))
+        self._pool = self._new_pool()
         self._pool.active  # noqa: B018 - starts the workers now (pebble starts them on first use)
         self._pending: list[_Pending] = []
         self._pids: dict[int, object] = {}  # worker pid -> its process, as last seen alive
@@ -174,6 +178,8 @@ class ScorerPool:
 
     def check(self) -> None:
         """Raise ``ScorerDied`` if a worker process died (the pool cannot go on without it)."""
+        if self._broken is not None:
+            raise self._broken
         if not self._pool.active:
             raise self._died("the scorer pool stopped accepting work")
         self._watch()
@@ -192,9 +198,29 @@ class ScorerPool:
             raise self._died(str(e)) from None
 
     def submit(self, group: list[Rollout], prompt_text: str, example: dict, **meta) -> None:
+        """Queue ``group`` for scoring. A broken pool does not raise here: the group waits, and the
+        next ``check`` (or ``poll``) reports the death."""
         texts = [scored_text(r) for r in group]
-        future = self._schedule(_score_group, (prompt_text, texts, example), self.timeout_s * len(group))
-        self._pending.append(_Pending(group, [future], time.time(), prompt_text, example, meta))
+        try:
+            futures = [self._schedule(_score_group, (prompt_text, texts, example), self.timeout_s * len(group))]
+        except ScorerDied as e:
+            self._broken, futures = e, []
+        self._pending.append(_Pending(group, futures, time.time(), prompt_text, example, meta))
+
+    def restart(self) -> None:
+        """A new pool in place of one a dead worker broke. Every pending group is scored again
+        from the start: pebble cannot say which samples the dead worker took with it, and a
+        reward function is a pure function of its inputs."""
+        try:
+            self._pool.stop()
+            self._pool.join(timeout=5)
+        except Exception as e:  # noqa: BLE001 - a broken pool may fail to stop; its workers are gone or killed
+            log.debug("stopping the broken scorer pool: %s", e)
+        self._pool, self._pids, self._broken = self._new_pool(), {}, None
+        self._pool.active  # noqa: B018 - start the workers now
+        pending, self._pending = self._pending, []
+        for p in pending:
+            self.submit(p.group, p.prompt, p.example, **p.meta)
 
     def _rescore_per_sample(self, p: _Pending) -> None:
         """The group task timed out: find the hanging sample(s), one task per sample."""

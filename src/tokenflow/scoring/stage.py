@@ -184,6 +184,10 @@ class ScoringStage:
         self.token_busy_s[spec.name] += sum(float(r.metrics.get("time_s", 0.0)) for r in res)
         return res
 
+    def restart(self) -> None:
+        """The outcome pool died (`ScorerPool.restart`); the token scorers' pools keep theirs."""
+        self.outcome.restart()
+
     # The outcome pool's counters, for the callers that read them.
     @property
     def failed(self) -> int:

@@ -145,7 +145,8 @@ class SharedMemoryReceiver:
         return self._views[self._msg.slot]
 
     def done(self, msg: WeightsReady) -> dict[str, float]:
-        self._ctl[msg.slot, 1 + self.index] = msg.version
+        # Never lowers an acknowledgement: a notice dropped late may be older than one loaded.
+        self._ctl[msg.slot, 1 + self.index] = max(int(self._ctl[msg.slot, 1 + self.index]), msg.version)
         self._msg = None
         return {}
 

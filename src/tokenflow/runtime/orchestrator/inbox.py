@@ -5,6 +5,7 @@ watchdog that turns a silent worker into a clear failure.
            ──WeightsLoaded──► buffer's engine version      ──EngineStatus──► live figures
     trainer ──TrainerReady──► engines attach to the weight sync   ──Trained / Saved──► step / checkpoint
     any ──WorkerFailed──► RunFailed     Ray ──WorkerRestarted / SyncBroken / SyncReformed──► restarts
+    trainer ──RelayedNotice──► a replaced engine (healing.py)
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def handle(orch, worker: str, msg) -> None:
         orch.calibration.rollouts(msg.rollouts)
         orch.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
     elif isinstance(msg, M.Trained):
-        orch._on_trained(msg)
+        if not orch.healer.replayed(msg):  # a replaced trainer's replay was logged the first time
+            orch._on_trained(msg)
     elif isinstance(msg, M.WeightsLoaded):
         orch.engine_versions[worker] = msg.version
         orch.buffer.set_engine_version(min(orch.engine_versions.values()))
@@ -55,6 +57,7 @@ def handle(orch, worker: str, msg) -> None:
     elif isinstance(msg, M.WorkerBooted):
         orch.booted.add(worker)
         orch.worker_marks.update(msg.marks)
+        orch.healer.booted(worker)
     elif isinstance(msg, M.TrainerReady):
         phases.mark("trainer_ready")
         orch.trainer_busy = False
@@ -63,6 +66,9 @@ def handle(orch, worker: str, msg) -> None:
         orch.sync_spec = msg.sync_spec
         for i, engine in enumerate(orch.backend.engines):
             engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
+        orch.healer.trainer_ready()  # a replaced trainer replays first
+    elif isinstance(msg, M.RelayedNotice):
+        orch.healer.relay(msg)
     elif isinstance(msg, M.WorkerRestarted):
         resend_after_restart(orch, msg)
     elif isinstance(msg, M.SyncBroken):

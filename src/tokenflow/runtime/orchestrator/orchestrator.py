@@ -29,6 +29,7 @@ from tokenflow.metrics.run_trace import run_tracer
 from tokenflow.runtime.orchestrator import inbox, run_state
 from tokenflow.runtime.orchestrator.calibration_log import CalibrationLog
 from tokenflow.runtime.orchestrator.elastic import Elastic
+from tokenflow.runtime.orchestrator.healing import Healer
 from tokenflow.runtime.orchestrator.heldout import HeldOutEval
 from tokenflow.runtime.orchestrator.learning_signal import SignalWatch
 from tokenflow.runtime.orchestrator.run_state import RunFailed
@@ -101,6 +102,7 @@ class Orchestrator:
         self.worker_marks: dict[str, float] = {}  # start-up marks the workers sent (WorkerBooted)
         self.booted: set[str] = set()  # workers that sent WorkerBooted
         self._baseline_pending = False  # the starting model's evaluation runs beside training
+        self.healer = Healer(self)  # replaces dead workers (runtime.max_worker_restarts)
         if resume_state is not None:
             run_state.restore(self, *resume_state)
 
@@ -154,7 +156,7 @@ class Orchestrator:
                 self.last_msg_from[env.worker] = time.monotonic()
                 inbox.handle(self, env.worker, env.message)
             env = self.backend.recv(0)
-        self.backend.check()
+        self.healer.check_workers()  # backend.check(), replacing the dead the policy allows
         inbox.check_timeouts(self)
 
     def _show_live(self) -> None:
@@ -164,7 +166,7 @@ class Orchestrator:
             self.progress.set(**figures)
 
     def collect_scored(self) -> None:
-        for group, meta in self.scorer.poll():
+        for group, meta in self.healer.poll_scored():
             gid = meta["group_id"]
             if self.heldout.on_scored(gid, group):
                 continue
@@ -213,7 +215,9 @@ class Orchestrator:
         self.last_msg_from[self.backend.trainer.name] = time.monotonic()
         if step == 1:
             phases.mark("step1_dispatched")
-        self.backend.trainer.send(M.Train(step, rollouts, sync_weights=sync))
+        train = M.Train(step, rollouts, sync_weights=sync)
+        self.healer.train_sent(train)  # kept until a checkpoint covers it: a new trainer replays it
+        self.backend.trainer.send(train)
 
     def _maybe_unpause(self) -> None:
         """Blocking mode: resume generation once the trainer is idle and the engines hold the

@@ -36,7 +36,9 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
         if orch.cfg.sync.transport == "broadcast":  # AttachSync follows, with the new group's spec
             orch.backend.trainer.send(M.ReformSync(msg.worker))
         else:
-            engine.send(M.AttachSync(orch.sync_spec, receiver_index=index))
+            # Not a version older than any engine holds: the slots hold at least that one.
+            engine.send(M.AttachSync(orch.sync_spec, receiver_index=index,
+                                     min_version=max(orch.engine_versions.values())))
     if orch.blocking and orch.trainer_busy:
         engine.send(M.SetPaused(True))
     for gid in lost:

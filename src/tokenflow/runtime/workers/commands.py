@@ -12,9 +12,12 @@ import dataclasses
 import json
 
 from tokenflow.rollout_files import RolloutFileError, decode, encode, metadata
-from tokenflow.runtime.workers.messages import ReformSync, Save, SetThreads, Shutdown, Train
+from tokenflow.runtime.workers.messages import (
+    EngineReplaced, PushWeights, ReformSync, Save, SetThreads, Shutdown, Train,
+)
 
-COMMANDS = {cls.__name__: cls for cls in (Train, Save, ReformSync, SetThreads, Shutdown)}
+COMMANDS = {cls.__name__: cls for cls in (Train, Save, ReformSync, SetThreads, Shutdown, EngineReplaced,
+                                          PushWeights)}
 """What rank 0 forwards, by name."""
 _KEY = "tokenflow.command"
 _PLAIN = {"int": (int,), "bool": (bool,), "str": (str,), "float": (int, float)}  # field annotation → JSON types

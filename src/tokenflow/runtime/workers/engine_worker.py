@@ -166,10 +166,24 @@ class EngineWorker:
         if self.receiver is None or self.receiving or self.loading is not None:
             return
         collective = self.receiver.collective
-        self.pending_weights = sorted((m for m in self.pending_weights if collective or m.version > self.engine.version),
-                                      key=lambda m: m.version)
+        keep = []
+        for m in self.pending_weights:
+            if collective or m.version > self.engine.version:
+                keep.append(m)
+            else:  # nothing to load, but the sender waits for every receiver to release the slot
+                self.receiver.done(m)
+        self.pending_weights = sorted(keep, key=lambda m: m.version)
         if self.pending_weights:
-            self.receiver.begin(self.pending_weights[0])
+            try:
+                self.receiver.begin(self.pending_weights[0])
+            except RuntimeError as e:
+                if collective:
+                    raise
+                # A notice of a replaced trainer's new weight sync, ahead of its AttachSync (they
+                # come from two processes): the attach loads the newest version itself.
+                log.debug("%s: dropped a weight notice for another sync (%s)", self.name, e)
+                self.pending_weights.pop(0)
+                return self._begin_next()
             self.receiving = True
 
     def maybe_load_weights(self) -> None:

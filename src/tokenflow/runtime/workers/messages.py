@@ -143,7 +143,30 @@ class ResizeSync:
     """The engine that joined or left, for the log."""
 
 
+@dataclass(frozen=True)
+class EngineReplaced:
+    """Local backend: engine ``index`` is a new process with a new command queue, which this
+    trainer cannot reach. Its weight notices go through the orchestrator from now on
+    (``RelayedNotice``), the last one sent at once (the new engine may have attached after it)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class PushWeights:
+    """Push the current weights now, without a step: a replaced trainer's catch-up, so that an
+    engine that attaches to its new weight sync finds the version the others hold."""
+
+
 # ---- trainer → orchestrator ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RelayedNotice:
+    """A weight notice (``WeightsReady``) for engine ``index``, which the orchestrator forwards
+    (see ``EngineReplaced``)."""
+
+    index: int
+    notice: object
+
 @dataclass
 class TrainerReady:
     version: int
@@ -186,7 +209,7 @@ class SyncBroken:
 # ---- backend → orchestrator ----------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerRestarted:
-    """A worker process died and its replacement is up (Ray backend, ``runtime.max_engine_restarts``).
+    """A worker process died and its replacement is up (``runtime.max_worker_restarts``).
     Whatever the dead process held is gone; the orchestrator re-sends its work and sync spec."""
 
     worker: str

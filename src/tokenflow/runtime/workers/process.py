@@ -122,13 +122,20 @@ class WorkerHandle:
 
     def __init__(self, name: str, target, args: tuple, ctx=None, cmd_q=None,
                  logs: LogForwarder | None = None, env: dict | None = None) -> None:
-        ctx = ctx or mp.get_context("spawn")
+        self._ctx = ctx or mp.get_context("spawn")
         self.name = name
-        self.cmd_q = cmd_q if cmd_q is not None else ctx.Queue()
-        if logs is not None or env is not None:
+        self.cmd_q = cmd_q if cmd_q is not None else self._ctx.Queue()
+        self._target, self._logs, self._env = target, logs, env
+        self.retired: list = []  # queues of the processes this handle replaced (see renew)
+        self.process = self._process(args)
+
+    def _process(self, args: tuple):
+        target = self._target
+        if self._logs is not None or self._env is not None:
+            logs = self._logs
             target, args = _forwarded_entry, (logs.queue if logs else None, logs.level if logs else 0, target,
-                                              args, env)
-        self.process = ctx.Process(target=target, args=args, name=f"tokenflow-{name}", daemon=True)
+                                              args, self._env)
+        return self._ctx.Process(target=target, args=args, name=f"tokenflow-{self.name}", daemon=True)
 
     @property
     def pid(self) -> int | None:
@@ -146,7 +153,25 @@ class WorkerHandle:
         """Raise ``WorkerDied`` if the process has exited unexpectedly."""
         code = self.process.exitcode
         if code is not None and code != 0:
-            raise WorkerDied(f"the {self.name} process (pid {self.process.pid}) died with exit code {code}")
+            raise WorkerDied(f"the {self.name} process (pid {self.process.pid}) died with exit code {code}",
+                             worker=self.name)
+
+    def renew(self, args: tuple, cmd_q) -> "WorkerHandle":
+        """The same worker in a new process (not started), reading ``cmd_q``: the process it
+        replaces is dead or is killed here first. Its old queue is dropped unjoined (what a dead
+        reader never took stays with it; it may have died holding the queue's lock). The old
+        queue is kept, not collected: collecting it unlinks its semaphores, and a worker still
+        starting (a trainer unpickling the engines' queues) would fail to open them."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        old, self.cmd_q = self.cmd_q, cmd_q
+        if old is not cmd_q:
+            old.cancel_join_thread()
+            old.close()
+            self.retired.append(old)
+        self.process = self._process(args)
+        return self
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process.is_alive():

@@ -17,7 +17,10 @@ from tokenflow.errors import CheckpointError
 from tokenflow.metrics import trace
 from tokenflow.runtime.workers.commands import decode_command, encode_command
 from tokenflow.runtime.workers.messages import (
+    EngineReplaced,
     Envelope,
+    PushWeights,
+    RelayedNotice,
     ReformSync,
     ResizeSync,
     Save,
@@ -74,6 +77,17 @@ def load_trainer_state(trainer, directory: str | Path) -> None:
     trainer.load_state_dict(state)
 
 
+class _Relay:
+    """Engine ``index``'s command queue as the trainer sees it once that engine was replaced
+    (its new queue is not one this process can open): notices go through the orchestrator."""
+
+    def __init__(self, out_q, name: str, index: int) -> None:
+        self.out_q, self.name, self.index = out_q, name, index
+
+    def put(self, msg) -> None:
+        self.out_q.put(Envelope(self.name, RelayedNotice(self.index, msg)))
+
+
 class TrainerWorker:
     """One trainer rank. Rank 0 talks to the runtime and the engines; with ``rendezvous`` set
     (``trainer.world_size > 1``) it forwards every command to the other ranks, which run the
@@ -90,6 +104,7 @@ class TrainerWorker:
         self.rank, self.group, self.sender = rank, None, None
         self.sync_error: str | None = None  # a failed push, reported after the step
         self._retired: list = []  # senders of broadcast groups replaced by reform_sync
+        self.last_notice = None  # the last weight notice sent, for an engine replaced after it
         tokenizer = read_tokenizer(model_path)
         self.trainer = self._build(model_path, cfg, tokenizer, rendezvous)
         if resume_dir is not None:
@@ -184,8 +199,19 @@ class TrainerWorker:
         return self.group.run(what, fn) if self.group is not None else fn()
 
     def notify_engines(self, msg) -> None:
+        self.last_notice = msg
         for q in self.engine_qs:
             q.put(msg)
+
+    def relay_to(self, index: int) -> None:
+        """Engine ``index`` was replaced: reach it through the orchestrator, starting with the last
+        notice (sent to the dead engine's queue, or before the new one attached)."""
+        old = self.engine_qs[index]
+        if hasattr(old, "cancel_join_thread"):  # nobody reads it again: never wait on its feeder
+            old.cancel_join_thread()
+        self.engine_qs[index] = _Relay(self.out_q, self.name, index)
+        if self.last_notice is not None:
+            self.engine_qs[index].put(self.last_notice)
 
     def push_weights(self, notify=None) -> dict[str, float]:
         # A broadcast takes the weights where they live (GPU for NCCL); shared memory wants CPU.
@@ -251,6 +277,12 @@ class TrainerWorker:
             self.engine_qs = list(msg.inboxes)
             self._phase("weight-sync resize", self.resize_sync)
             self._report_broken_sync()
+        elif isinstance(msg, PushWeights):
+            self._phase(f"weight push {self.trainer.version}", self.push_weights)
+            self._report_broken_sync()
+        elif isinstance(msg, EngineReplaced):
+            if self.rank == 0:
+                self.relay_to(msg.index)
         elif isinstance(msg, Shutdown):
             return False
         else:

@@ -8,13 +8,14 @@ It offers the orchestrator the local backend's surface (``engines``, ``trainer``
   (per rank), optionally inside one placement group (``runtime.ray_placement_strategy``);
 * a cluster: ``runtime.ray_address`` joins an existing one, otherwise a local one is started
   (unless the caller already called ``ray.init``, whose cluster is then used and left running);
-* restarts: an engine actor that dies is restarted by Ray (``runtime.max_engine_restarts``).
+* restarts: an engine actor that dies is restarted by Ray (``runtime.max_worker_restarts``).
   ``check`` notices it (a liveness probe fails, or comes back from a new process), starts the
   loop again in the new process and hands the orchestrator a ``WorkerRestarted``; the
   orchestrator re-sends the engine's in-flight groups and the sync spec, and the engine loads
   the newest weights before it generates. Messages sent while it is down are dropped here: the
   re-send covers them. A trainer rank is not restarted: its optimizer state died with it, so
-  the run stops naming it (resume from the last checkpoint).
+  the run stops naming it (resume from the last checkpoint); replacing it while the run goes
+  on, as the local backend does (``orchestrator/healing.py``), is not built for Ray yet.
 
 Ray is imported only here and in ``ray_scoring``; ``import tokenflow`` and the local backend
 never import it.
@@ -138,7 +139,7 @@ class RayBackend:
         self.placement = reserve(ray, rt, n_eng, world)
         actor_cls = ray.remote(WorkerActor)
         engine_cfg = cfg.engine.model_copy(update={"version": engine_version})
-        restarts = rt.max_engine_restarts
+        restarts = rt.max_worker_restarts
         # Under broadcast the trainer re-forms the weight-sync group around a restarted engine.
         self.restarts_engines = restarts > 0
         self.engines = []
