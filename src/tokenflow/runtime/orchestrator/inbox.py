@@ -3,7 +3,8 @@ watchdog that turns a silent worker into a clear failure.
 
     engine ──Generated──► scorer pool (train) / held-out round (eval)
            ──WeightsLoaded──► buffer's engine version      ──EngineStatus──► live figures
-    trainer ──TrainerReady──► engines attach to the weight sync   ──Trained / Saved──► step / checkpoint
+    trainer ──TrainerReady──► engines attach to the weight sync   ──Trained──► step
+            ──Saved / SaveWritten──► checkpoints      engine ──InFlight──► checkpoints
     any ──WorkerFailed──► RunFailed     Ray ──WorkerRestarted / SyncBroken / SyncReformed──► restarts
 """
 
@@ -14,7 +15,6 @@ import time
 
 from tokenflow.errors import CheckpointError
 from tokenflow.metrics import phases
-from tokenflow.runtime.orchestrator import run_state
 from tokenflow.runtime.orchestrator.restarts import attach_reformed, resend_after_restart
 from tokenflow.runtime.orchestrator.run_state import RunFailed
 from tokenflow.runtime.workers import messages as M
@@ -35,6 +35,7 @@ def handle(orch, worker: str, msg) -> None:
             orch.heldout.on_generated(msg.group_id, msg.rollouts)
             return
         prompt = orch.prompts[msg.group_id]
+        orch.scoring[msg.group_id] = msg.rollouts  # whole: a checkpoint taken meanwhile keeps them
         orch.calibration.rollouts(msg.rollouts)
         orch.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
     elif isinstance(msg, M.Trained):
@@ -49,7 +50,11 @@ def handle(orch, worker: str, msg) -> None:
         orch.calibration.engine_status(msg)
         orch._show_live()
     elif isinstance(msg, M.Saved):
-        run_state.on_saved(orch, msg)
+        orch.checkpoints.on_saved(msg)
+    elif isinstance(msg, M.SaveWritten):
+        orch.checkpoints.on_written(msg)
+    elif isinstance(msg, M.InFlight):
+        orch.checkpoints.on_inflight(worker, msg)
     elif isinstance(msg, M.WorkerBooted):
         orch.booted.add(worker)
         orch.worker_marks.update(msg.marks)
@@ -62,6 +67,7 @@ def handle(orch, worker: str, msg) -> None:
         for i, engine in enumerate(orch.backend.engines):
             engine.send(M.AttachSync(msg.sync_spec, receiver_index=i))
     elif isinstance(msg, M.WorkerRestarted):
+        orch.checkpoints.engine_gone(msg.worker)
         resend_after_restart(orch, msg)
     elif isinstance(msg, M.SyncBroken):
         if not orch.backend.restarts_engines:
