@@ -25,36 +25,42 @@ from tokenflow.trainer import Trainer, TrainerConfig
 
 
 def test_a_background_checkpoint_holds_the_state_it_was_taken_at(tmp_path, monkeypatch):
+    """Twice: the second snapshot copies into the first one's buffers, once its write is over."""
     from safetensors.torch import load_file
 
     trainer = Trainer(tiny_model(seed=1, tie=True), TrainerConfig(device="cpu", lr=3e-3), AlgorithmConfig())
     rollouts = on_policy(trainer.model, make_rollouts(seed=4))
     trainer.train_step(rollouts)  # so that the optimizer has moments to save
-    at_save = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    moments = {i: {k: v.clone() for k, v in s.items()} for i, s in trainer.optimizer.state_dict()["state"].items()}
-
     # The real write, held until training has gone on: the overlap a slow disk gives.
     go, real_write = threading.Event(), checkpoint_writer.write_snapshot
     monkeypatch.setattr(checkpoint_writer, "write_snapshot", lambda *a: (go.wait(30), real_write(*a)))
     out: queue.Queue = queue.Queue()
-    CheckpointWriter(trainer, out, "trainer", writes=True).save(str(tmp_path), background=True)
-    assert isinstance(out.get(timeout=5).message, Saved)  # answered before anything was written
-    assert out.empty() and not (tmp_path / STATE_FILE).exists()
-    trainer.train_step(rollouts)  # the next step changes the live weights and moments in place
-    assert not torch.equal(trainer.model.state_dict()["model.norm.weight"], at_save["model.norm.weight"])
-    go.set()
-    written = out.get(timeout=30).message
-    assert isinstance(written, SaveWritten) and written.error == "", written
+    writer = CheckpointWriter(trainer, out, "trainer", writes=True)
+    for k in (1, 2):
+        folder = tmp_path / f"ckpt{k}"
+        at_save = {n: v.clone() for n, v in trainer.model.state_dict().items()}
+        moments = {i: {n: v.clone() for n, v in s.items()} for i, s in trainer.optimizer.state_dict()["state"].items()}
+        go.clear()
+        writer.save(str(folder), background=True)
+        assert isinstance(out.get(timeout=5).message, Saved)  # answered before anything was written
+        assert out.empty() and not (folder / STATE_FILE).exists()
+        trainer.train_step(rollouts)  # the next step changes the live weights and moments in place
+        assert not torch.equal(trainer.model.state_dict()["model.norm.weight"], at_save["model.norm.weight"])
+        go.set()
+        written = out.get(timeout=30).message
+        assert isinstance(written, SaveWritten) and written.error == "", written
 
-    weights = load_file(tmp_path / "model" / "model.safetensors")
-    assert "lm_head.weight" not in weights  # tied to the embeddings, stored once as before
-    for name, value in weights.items():
-        assert torch.equal(value, at_save[name]), f"{name} is not the weight at the checkpoint"
-    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
-    assert state["version"] == 1 and trainer.version == 2
-    for i, s in state["optimizer"]["state"].items():
-        for k, v in s.items():
-            assert torch.equal(v, moments[i][k]), f"optimizer state {i}.{k} is not the one at the checkpoint"
+        weights = load_file(folder / "model" / "model.safetensors")
+        assert "lm_head.weight" not in weights  # tied to the embeddings, stored once as before
+        for name, value in weights.items():
+            assert torch.equal(value, at_save[name]), f"{name} is not the weight at checkpoint {k}"
+        state = torch.load(folder / STATE_FILE, weights_only=True)
+        assert state["version"] == k and trainer.version == k + 1
+        for i, s in state["optimizer"]["state"].items():
+            for n, v in s.items():
+                assert torch.equal(v, moments[i][n]), f"optimizer state {i}.{n} is not the one at checkpoint {k}"
+    first = load_file(tmp_path / "ckpt1" / "model" / "model.safetensors")
+    assert not torch.equal(first["model.norm.weight"], weights["model.norm.weight"])
 
 
 def _limit_file_size() -> None:

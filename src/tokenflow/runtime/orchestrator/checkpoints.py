@@ -93,6 +93,7 @@ class Checkpointer:
             return
         p.trainer_free = True
         if self.background:
+            self._row["time/checkpoint_write_wait_s"] = msg.waited_s
             self._free_trainer(p)
 
     def on_written(self, msg: M.SaveWritten) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenflow.errors import CheckpointError
@@ -34,39 +34,53 @@ class Snapshot:
     """The policy's weights under their Hugging Face names, on CPU, owned by the snapshot."""
     state: dict
     """Optimizer, scheduler, RNG, version (LoRA: the adapters too), owned by the snapshot."""
+    buffers: list = field(default_factory=list)
+    """Every tensor the copy made, in order: the next snapshot copies into them."""
 
 
-def _copy(value, memo: dict):
-    """``value`` with every tensor copied to CPU (storage shared where the original shares it)
-    and every container rebuilt, so nothing in it changes when training goes on."""
-    import torch
+class _Copier:
+    """Copies a state's tensors to CPU memory, into the buffers of the previous snapshot where
+    they fit (its write is over by then): fresh memory costs a page fault per page, about as
+    much as the copy itself. Tensors that share storage share it in the copy too."""
 
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-               t.dtype, t.device)
-        if key not in memo:
-            memo[key] = t.to("cpu", copy=True)
-        return memo[key]
-    if isinstance(value, dict):
-        return {k: _copy(v, memo) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_copy(v, memo) for v in value)
-    return value
+    def __init__(self, spare: list) -> None:
+        self.memo: dict = {}
+        self.spare = spare
+        self.used: list = []
+
+    def __call__(self, value):
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+                   t.dtype, t.device)
+            if key not in self.memo:
+                old = self.spare[len(self.used)] if len(self.used) < len(self.spare) else None
+                fits = old is not None and old.shape == t.shape and old.dtype == t.dtype
+                self.memo[key] = old.copy_(t) if fits else t.to("cpu", copy=True)
+                self.used.append(self.memo[key])
+            return self.memo[key]
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self(v) for v in value)
+        return value
 
 
-def snapshot_trainer(trainer, copy: bool = True) -> Snapshot:
-    """Everything a checkpoint holds, copied unless ``copy`` is false (then it is written at
-    once, before training goes on). Every rank of a sharded trainer calls it: the gathers are
-    collectives."""
+def snapshot_trainer(trainer, copy: bool = True, spare: list | None = None) -> Snapshot:
+    """Everything a checkpoint holds, copied (into ``spare``, the buffers of an earlier
+    snapshot whose write is over, where they fit) unless ``copy`` is false (then it is written
+    at once, before training goes on). Every rank of a sharded trainer calls it: the gathers
+    are collectives."""
     weights = dict(trainer.named_weights(cpu=False))
     state = trainer.state_dict()
     if not trainer.is_lora:  # LoRA keeps its adapters here; the full weights go to model/
         state.pop("model")
     if not copy:
         return Snapshot(weights, state)
-    memo: dict = {}
-    return Snapshot(_copy(weights, memo), _copy(state, memo))
+    copier = _Copier(spare or [])
+    return Snapshot(copier(weights), copier(state), copier.used)
 
 
 def write_snapshot(trainer, snap: Snapshot, directory: str | Path) -> None:
@@ -106,11 +120,14 @@ class CheckpointWriter:
         self.trainer, self.out_q, self.name = trainer, out_q, name
         self.writes = writes  # rank 0 of a sharded trainer (every other rank only takes part in the gathers)
         self._thread: threading.Thread | None = None
+        self._spare: list = []  # the last snapshot's buffers, reused once its write is over
 
     def save(self, directory: str, background: bool, collective=lambda what, fn: fn()) -> None:
         t0 = time.perf_counter()
         self.wait()  # one write at a time; the wait counts as part of this pause
-        snap = collective("save", lambda: snapshot_trainer(self.trainer, copy=background))
+        waited = time.perf_counter() - t0
+        snap = collective("save", lambda: snapshot_trainer(self.trainer, copy=background, spare=self._spare))
+        self._spare = snap.buffers
         snapshot_s = time.perf_counter() - t0
         if not self.writes:
             return
@@ -118,7 +135,7 @@ class CheckpointWriter:
             self._write(snap, directory)
             self._send(Saved(directory, time.perf_counter() - t0))
             return
-        self._send(Saved(directory, snapshot_s))
+        self._send(Saved(directory, snapshot_s, waited))
         self._thread = threading.Thread(target=self._write, args=(snap, directory),
                                         name="tokenflow-checkpoint-writer", daemon=True)
         self._thread.start()

@@ -181,6 +181,9 @@ class Saved:
 
     directory: str
     snapshot_s: float = 0.0
+    """How long the trainer was held up, ``waited_s`` included."""
+    waited_s: float = 0.0
+    """Of it, the wait for the previous checkpoint's write to end (one write at a time)."""
 
 
 @dataclass(frozen=True)
