@@ -15,6 +15,7 @@ import pytest
 from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
 from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
+from tokenflow.runtime.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
@@ -84,10 +85,15 @@ def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert len(step_rows(run)) < 16, "the run finished before it could be killed"
+    buffer = json.loads((RunDir(run).latest_checkpoint() / "buffer.json").read_text())
+    in_flight = {g for g, _ in buffer["in_flight"]} - {g for g, _ in buffer["ready"]}
     proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 16
+    # An episode's state (its environment, an agent's thread) cannot be kept: counted, played again.
+    counts = summary["inflight_on_resume"]
+    assert counts["unkeepable_rollouts"] == 4 * len(in_flight) > 0 and counts["kept_rollouts"] == 0, counts
     assert [r["step"] for r in step_rows(run)] == list(range(1, 17))
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
     assert len(consumed) == len(set(consumed)) == 16 * 4

@@ -132,8 +132,22 @@ def _evil_trainer_state(ckpt: Path, marker: Path) -> None:
     torch.save(state, ckpt / "trainer_state.pt")
 
 
+def _inflight(ckpt: Path, completion_ids: list[int], group_id: int = 7) -> None:
+    """In-flight files holding one partial rollout of ``group_id`` (the manifest is rewritten)."""
+    step = json.loads((ckpt / "orchestrator.json").read_text())["step"]
+    r = Rollout([1, 2], completion_ids, [-0.5] * len(completion_ids), [0] * len(completion_ids),
+                finish_reason="abort", group_id=group_id)
+    (ckpt / "inflight.json").write_text(json.dumps({"step": step, "groups": [[group_id, 1]], "unkeepable": []}))
+    (ckpt / "inflight.safetensors").write_bytes(encode([r]))
+
+
 @pytest.mark.parametrize("name, edit, file", [
     ("pickled-buffer", _pickled_buffer, "buffer.pkl"),
+    ("torn-inflight-json", lambda c, m: (c / "inflight.json").write_text('{"step": 2, "gro'), "inflight.json"),
+    ("inflight-token-outside-the-vocabulary", lambda c, m: _inflight(c, [5, 10**6]),
+     "inflight.safetensors holds a rollout of group 7 that has token ids outside"),
+    ("inflight-group-not-in-flight", lambda c, m: _inflight(c, [5, 6]),
+     "inflight.safetensors holds groups [7] that the buffer does not list as in flight"),
     ("trainer-state-payload", _evil_trainer_state, "trainer_state.pt"),
     ("torn-orchestrator-json", lambda c, m: (c / "orchestrator.json").write_text('{"step": 2, "cur'), "orchestrator.json"),
     ("orchestrator-json-no-step", lambda c, m: (c / "orchestrator.json").write_text('{"step": "2; rm -rf"}'),

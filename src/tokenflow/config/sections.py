@@ -30,6 +30,11 @@ class RunConfig(ConfigModel):
     """Write a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many of the most recent checkpoints to keep."""
+    checkpoint_background: bool = True
+    """Write checkpoints without stopping training: the trainer copies its state to CPU memory
+    (its only pause, ``time/checkpoint_stall_s``) and writes the files in a background thread,
+    and the orchestrator closes the checkpoint (manifest, rename) in one of its own. False: the
+    trainer and the orchestrator write everything before the next step."""
     save_rollouts: bool = False
     """Write every consumed rollout (tokens, behaviour log-probs, versions, reward) to rollouts.jsonl."""
 

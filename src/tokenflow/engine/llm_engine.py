@@ -321,6 +321,19 @@ class Engine:
                                       seq.top[start:] if seq.params.logprobs else None))
         return out
 
+    def partial_rollouts(self, request_ids: Collection[str]) -> list[Rollout]:
+        """The unfinished samples of ``request_ids`` as they stand, as partial rollouts (finish
+        reason "abort": tokens so far, behaviour log-probs, versions), changing nothing: the
+        running ones, the waiting ones that resume a prefix, the aborted ones not yet handed
+        out. A sample that has no token yet is left out. A checkpoint keeps these."""
+        with self._lock:
+            seqs = [s for s in self.scheduler.running if s.request_id in request_ids]
+            seqs += [s for g in self.scheduler.waiting if g.request_id in request_ids for s in g.seqs
+                     if s.prefix is not None]
+            out = [s.to_rollout() for s in seqs]
+            out += [r for r in self._outbox if r.request_id in request_ids and r.finish_reason == "abort"]
+            return [r for r in out if r.num_tokens > 0]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._outbox) or self._pending_update is not None
 

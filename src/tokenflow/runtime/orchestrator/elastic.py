@@ -257,6 +257,7 @@ class Elastic:
         self.readmitted += len(lost)
         self._event("readmitted", w.name, groups=lost)
         readmit(orch, lost)
+        orch.checkpoints.engine_gone(w.name)  # a checkpoint waiting on its in-flight report goes on
         self._resize(c)
 
     def _resize(self, c: Change) -> None:

@@ -100,7 +100,7 @@ class Healer:
             trainer.send(in_flight)
             orch.trainer_busy = True
         elif self.resave is not None:
-            trainer.send(M.Save(str(self.resave)))
+            trainer.send(M.Save(str(self.resave), background=orch.checkpoints.background))
             orch.trainer_busy = True
         self.resave = None
         self._note("trainer", "ready", replayed=len(replay) - (in_flight is not None))
@@ -162,6 +162,7 @@ class Healer:
         lost = sum(1 for h, _ in orch.group_engine.values() if h is engine)
         orch.backend.trainer.send(M.EngineReplaced(index))  # its notices reach the new queue through us
         resend_after_restart(orch, M.WorkerRestarted(name, n))
+        orch.checkpoints.engine_gone(name)  # a checkpoint waiting on its in-flight report goes on
         self.booting.add(name)
         self._note(name, "replaced", error=error, pid=engine.pid, resent_groups=lost)
 
@@ -175,8 +176,10 @@ class Healer:
         if [m.step for m in replay] != want:
             raise RunFailed(f"{error}; not replaced: the batches of steps {want[0]}..{want[-1]} since the last "
                             f"checkpoint are not all kept (have {[m.step for m in replay]})")
-        if orch._pending_checkpoint is not None:  # the dead trainer was writing it: write it again
-            self.resave = orch.run_dir.staging_dir(orch._pending_checkpoint[1])
+        unwritten = next((p for p in orch.checkpoints.pending if p.written is None), None)
+        if unwritten is not None:  # the dead trainer was writing it (maybe in the background): again
+            self.resave = unwritten.staging
+            unwritten.trainer_free = False  # the new trainer answers Saved for it
         self._release_sync(orch.sync_spec)
         orch.sync_spec, orch.sync_broken = None, None
         orch.trainer_busy, orch.trainer_ready = True, False

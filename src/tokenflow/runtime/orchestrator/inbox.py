@@ -3,7 +3,8 @@ watchdog that turns a silent worker into a clear failure.
 
     engine ──Generated──► scorer pool (train) / held-out round (eval)
            ──WeightsLoaded──► buffer's engine version      ──EngineStatus──► live figures
-    trainer ──TrainerReady──► engines attach to the weight sync   ──Trained / Saved──► step / checkpoint
+    trainer ──TrainerReady──► engines attach to the weight sync   ──Trained──► step
+            ──Saved / SaveWritten──► checkpoints      engine ──InFlight──► checkpoints
     any ──WorkerFailed──► RunFailed     Ray ──WorkerRestarted / SyncBroken / SyncReformed──► restarts
     trainer ──RelayedNotice──► a replaced engine (healing.py)
 """
@@ -15,7 +16,6 @@ import time
 
 from tokenflow.errors import CheckpointError
 from tokenflow.metrics import phases
-from tokenflow.runtime.orchestrator import run_state
 from tokenflow.runtime.orchestrator.restarts import attach_reformed, resend_after_restart
 from tokenflow.runtime.orchestrator.run_state import RunFailed
 from tokenflow.runtime.workers import messages as M
@@ -38,6 +38,7 @@ def handle(orch, worker: str, msg) -> None:
         prompt = orch.prompts[msg.group_id]
         for r in msg.rollouts:
             r.info["engine"] = worker  # provenance: which engine (of a changing set) generated it
+        orch.scoring[msg.group_id] = msg.rollouts  # whole: a checkpoint taken meanwhile keeps them
         orch.calibration.rollouts(msg.rollouts)
         orch.scorer.submit(msg.rollouts, prompt.text, prompt.example, group_id=msg.group_id)
     elif isinstance(msg, M.Trained):
@@ -53,7 +54,11 @@ def handle(orch, worker: str, msg) -> None:
         orch.calibration.engine_status(msg)
         orch._show_live()
     elif isinstance(msg, M.Saved):
-        run_state.on_saved(orch, msg)
+        orch.checkpoints.on_saved(msg)
+    elif isinstance(msg, M.SaveWritten):
+        orch.checkpoints.on_written(msg)
+    elif isinstance(msg, M.InFlight):
+        orch.checkpoints.on_inflight(worker, msg)
     elif isinstance(msg, M.WorkerBooted):
         orch.booted.add(worker)
         orch.worker_marks.update(msg.marks)
@@ -70,6 +75,7 @@ def handle(orch, worker: str, msg) -> None:
     elif isinstance(msg, M.RelayedNotice):
         orch.healer.relay(msg)
     elif isinstance(msg, M.WorkerRestarted):
+        orch.checkpoints.engine_gone(msg.worker)
         resend_after_restart(orch, msg)
     elif isinstance(msg, M.SyncBroken):
         if not orch.backend.restarts_engines:

@@ -30,6 +30,7 @@ from tokenflow.runtime.orchestrator import inbox, run_state
 from tokenflow.runtime.orchestrator.calibration_log import CalibrationLog
 from tokenflow.runtime.orchestrator.elastic import Elastic
 from tokenflow.runtime.orchestrator.healing import Healer
+from tokenflow.runtime.orchestrator.checkpoints import Checkpointer, resume_kept
 from tokenflow.runtime.orchestrator.heldout import HeldOutEval
 from tokenflow.runtime.orchestrator.learning_signal import SignalWatch
 from tokenflow.runtime.orchestrator.run_state import RunFailed
@@ -103,8 +104,13 @@ class Orchestrator:
         self.booted: set[str] = set()  # workers that sent WorkerBooted
         self._baseline_pending = False  # the starting model's evaluation runs beside training
         self.healer = Healer(self)  # replaces dead workers (runtime.max_worker_restarts)
+        self.scoring: dict[int, list] = {}  # group id -> rollouts, for training groups being scored
+        self.kept: dict[int, tuple] = {}  # group id -> rollouts a checkpoint kept (resume)
+        self.resume_counts: dict[str, int] | None = None
+        self.checkpoints = Checkpointer(self)
         if resume_state is not None:
             run_state.restore(self, *resume_state)
+            self.kept = resume_kept(self, *resume_state[0].get("kept", ({}, [], "inflight.safetensors")))
 
     def wall_s(self) -> float:
         return self.wall_offset + (time.monotonic() - self.t_train0 if self.t_train0 is not None else 0.0)
@@ -113,14 +119,14 @@ class Orchestrator:
     def groups_needed(self) -> int:
         return self.cfg.run.steps * self.cfg.rollout.prompts_per_step
 
-    def _send_generate(self, gid: int, prompt, kind: str, params) -> None:
+    def _send_generate(self, gid: int, prompt, kind: str, params, kept: tuple = ()) -> None:
         episode = self.episode_spec(prompt)
         ids = [] if episode is not None else self.encode(prompt.text)  # an episode's reset gives its prompt
         # An engine that is joining takes no work before it holds the current weights.
         engine = min((h for h in self.backend.engines if getattr(h, "accepting", True)), key=lambda h: h.load)
         engine.load += params.n
         self.group_engine[gid] = (engine, params.n)
-        engine.send(M.Generate(gid, prompt.id, ids, params, kind, episode=episode))
+        engine.send(M.Generate(gid, prompt.id, ids, params, kind, episode=episode, kept=kept))
 
     def episode_spec(self, prompt):
         """An environment task's episode for ``prompt`` (None for single-turn tasks)."""
@@ -157,6 +163,7 @@ class Orchestrator:
                 inbox.handle(self, env.worker, env.message)
             env = self.backend.recv(0)
         self.healer.check_workers()  # backend.check(), replacing the dead the policy allows
+        self.checkpoints.poll()
         inbox.check_timeouts(self)
 
     def _show_live(self) -> None:
@@ -170,6 +177,7 @@ class Orchestrator:
             gid = meta["group_id"]
             if self.heldout.on_scored(gid, group):
                 continue
+            self.scoring.pop(gid, None)
             alg = self.cfg.algorithm
             if alg.overlong_buffer_tokens is not None:
                 shape_overlong(group, self.cfg.sampling.max_tokens, alg.overlong_buffer_tokens, alg.overlong_penalty)
@@ -238,6 +246,7 @@ class Orchestrator:
         self.calibration.sync(timings)
         rate = self.engine_clock.step(self.engine_totals, fallback=self.live_figures.get("tokens_per_s", 0.0))
         metrics = {**msg.metrics, **bmetrics, **self.buffer.metrics(), **sync_metrics(timings),
+                   **self.checkpoints.take_metrics(),
                    **engine_metrics(self.engine_totals, rate, min(self.engine_versions.values()))}
         wall = self.wall_s()
         metrics.update({"time/wall_s": wall, "time/step_s": wall - self.last_step_wall,
@@ -263,7 +272,7 @@ class Orchestrator:
         self.progress.update(self.step, self.last_progress)
         every = self.cfg.run.checkpoint_every
         if every and self.step % every == 0 and self.step < self.cfg.run.steps:
-            run_state.checkpoint(self)
+            self.checkpoints.begin()
 
     def wait_for(self, condition, what: str, timeout_s: float | None = None) -> None:
         deadline = time.monotonic() + (timeout_s or self.cfg.runtime.worker_timeout_s)
@@ -305,7 +314,6 @@ class Orchestrator:
     def run(self) -> dict:
         cfg = self.cfg
         self.group_engine: dict[int, object] = {}
-        self._pending_checkpoint = None
         self.ledger = open(self.run_dir.ledger, "a", encoding="utf-8")
         self.elastic = Elastic(self)  # engines joining and leaving (Ray); the control folder
         self.progress = Progress(cfg.run.steps, start=self.step, enabled=cfg.metrics.progress)
@@ -337,8 +345,9 @@ class Orchestrator:
             for gid, prompt in sorted(self.prompts.items()):  # resumed in-flight groups
                 if gid not in self.buffer.ready:
                     seed = request_seed(cfg.run.seed, prompt.id)
-                    self._send_generate(gid, prompt, "train", dataclasses.replace(self.train_params, seed=seed))
-            while self.step < cfg.run.steps or self._pending_checkpoint is not None:
+                    self._send_generate(gid, prompt, "train", dataclasses.replace(self.train_params, seed=seed),
+                                        kept=self.kept.pop(gid, ()))
+            while self.step < cfg.run.steps or self.checkpoints.busy:
                 self.admit()
                 self.collect_scored()
                 self._poll_baseline()
@@ -358,7 +367,7 @@ class Orchestrator:
             phases.mark("window_end")
             # The trainer is idle from here: it writes the final checkpoint while the engines load
             # the last weights and the held-out evaluation runs.
-            run_state.checkpoint(self)
+            self.checkpoints.begin()
             self.wait_for(lambda: min(self.engine_versions.values()) >= self.step, "the final weights")
             phases.mark("final_weights_loaded")
             self.backend.broadcast(M.AbortKind("train"))
@@ -369,7 +378,7 @@ class Orchestrator:
             phases.mark("final_eval_end")
             self.logger.log(self.step, {"eval/accuracy": final})
             self.progress.status("writing the final checkpoint")
-            self.wait_for(lambda: self._pending_checkpoint is None, "the final checkpoint")
+            self.wait_for(lambda: not self.checkpoints.busy, "the final checkpoint")
             phases.mark("final_checkpoint_end")
             self.progress.status(None)
             summary = run_state.summary(self, final, train_wall, time.monotonic() - t_start)
@@ -378,5 +387,6 @@ class Orchestrator:
             return summary
         finally:
             self.elastic.close()
+            self.checkpoints.close()
             self.progress.close()
             self.ledger.close()

@@ -1,9 +1,10 @@
 """A run's state in the orchestrator: what a checkpoint saves, how a resume restores it, and the
 summary the run ends with.
 
-    checkpoint ──Save(staging)──► trainer writes model + optimizer ──Saved──► on_saved commits
-        staging + ``state_of`` + the buffer's state as ``checkpoints/step_N`` (``run.run_dir``)
-    resume: ``RunDir.load_checkpoint`` ──► ``restore`` (cursor, group ids, buffer, offsets)
+    checkpoint: ``state_of`` + the buffer's state, taken and committed by
+        `tokenflow.runtime.orchestrator.checkpoints` (in the background) as ``checkpoints/step_N``
+    resume: ``RunDir.load_checkpoint`` ──► ``restore`` (cursor, group ids, buffer, offsets, the
+        in-flight rollouts the checkpoint kept)
 
 Each function takes the `Orchestrator` whose state it reads or writes.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 
-from tokenflow.runtime.workers import messages as M
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +49,6 @@ def state_of(orch) -> dict:
             "dropped_prompt_ids": list(orch.dropped_prompt_ids)}
 
 
-def checkpoint(orch) -> None:
-    """Ask the trainer to save into a staging folder; `on_saved` commits it."""
-    staging = orch.run_dir.staging_dir(orch.step)
-    orch._pending_checkpoint = (staging, orch.step, state_of(orch), orch.buffer.state_dict())
-    orch.trainer_busy = True
-    orch.last_msg_from[orch.backend.trainer.name] = time.monotonic()
-    orch.backend.trainer.send(M.Save(str(staging)))
-
-
-def on_saved(orch, msg: M.Saved) -> None:
-    from tokenflow.runtime.run.run_dir import CheckpointError
-
-    staging, step, state, buffer_state = orch._pending_checkpoint
-    try:
-        path = orch.run_dir.commit_checkpoint(staging, step, state, buffer_state, orch.cfg.run.keep_checkpoints)
-    except CheckpointError as e:
-        raise RunFailed(str(e)) from None
-    log.debug("checkpoint %s", path)
-    orch._pending_checkpoint = None
-    orch.trainer_busy = False
-    orch._maybe_unpause()  # blocking mode: a load that landed during the save unpauses nothing
-
-
 def summary(orch, final: float, train_wall: float, total_s: float) -> dict:
     """``summary.json``: the whole run's figures (earlier invocations included, after a resume)."""
     window = train_wall - orch.wall_offset
@@ -87,4 +64,6 @@ def summary(orch, final: float, train_wall: float, total_s: float) -> dict:
         "in_flight_prompt_ids": sorted(orch.buffer.in_flight.values()),
         "last_reward_mean": orch.last_progress.get("reward"),
         "token_age_histogram": {str(a): c for a, c in sorted(orch.buffer.stats.age_histogram.items())},
+        "checkpointing": orch.checkpoints.summary(),
+        "inflight_on_resume": orch.resume_counts,
     }

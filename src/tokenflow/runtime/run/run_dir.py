@@ -11,7 +11,8 @@
       summary.json         baseline/final accuracy, wall time, steps, idle fractions
       calibration.json     component timings for `tokenflow simulate --calibrate`
       tensorboard/  trace/  checkpoints/step_000010/{model/, trainer_state.pt, orchestrator.json,
-                                               buffer.json, buffer.safetensors}
+                                               buffer.json, buffer.safetensors,
+                                               inflight.json, inflight.safetensors}
 
 A checkpoint is written into a hidden temporary folder, closed with a ``manifest.json`` (the
 size and SHA-256 of every file in it), flushed to disk and renamed into place, so a folder named
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from tokenflow.errors import CheckpointError
 from tokenflow.metrics.sinks import read_jsonl
+from tokenflow.runtime.run.inflight_files import read_inflight
 from tokenflow.rollout_files import RolloutFileError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,16 @@ class RunDir:
             shutil.rmtree(path, ignore_errors=True)
         self.clean_staging()
 
+    def write_failure(self, step: int, error: str, code: int = 0) -> str:
+        """What a failed checkpoint write says: what failed, what is intact, what to do."""
+        previous = self.complete_checkpoints()
+        kept = f"the previous checkpoint ({previous[-1].name}) is intact" if previous else "no earlier checkpoint exists"
+        fix = "free disk space" if code in (errno.ENOSPC, errno.EDQUOT) else "fix the cause"
+        return f"writing checkpoint step {step} failed ({error}); {kept}; {fix}, then resume"
+
+    def discard_staging(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
     def staging_dir(self, step: int) -> Path:
         tmp = self.checkpoints / f".tmp-step_{step:06d}"
         if tmp.exists():
@@ -225,11 +237,17 @@ class RunDir:
         return tmp
 
     def commit_checkpoint(self, staging: Path, step: int, orchestrator_state: dict, buffer_state: dict,
-                          keep: int) -> Path:
+                          keep: int, files: dict[str, bytes] | None = None) -> Path:
+        """Close ``staging`` (the trainer's files already in it) with the orchestrator's and the
+        buffer's state, ``files`` (name → bytes: the in-flight rollouts) and the manifest, and
+        rename it into place. Safe to run in a thread beside the run: it reads only what it is
+        given and writes only into ``staging`` and ``checkpoints/``."""
         final = self.checkpoint_dir(step)
         try:
             (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1, allow_nan=False))
             write_buffer_state(staging, buffer_state)
+            for name, data in (files or {}).items():
+                (staging / name).write_bytes(data)
             write_manifest(staging)
             if final.exists():
                 shutil.rmtree(final)
@@ -241,10 +259,7 @@ class RunDir:
                 os.close(fd)
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
-            previous = self.complete_checkpoints()
-            kept = f"the previous checkpoint ({previous[-1].name}) is intact" if previous else "no earlier checkpoint exists"
-            fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "fix the cause"
-            raise CheckpointError(f"writing checkpoint step {step} failed ({e}); {kept}; {fix}, then resume") from None
+            raise CheckpointError(self.write_failure(step, str(e), e.errno or 0)) from None
         for old in self.complete_checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -255,8 +270,9 @@ class RunDir:
 
     @staticmethod
     def load_checkpoint(path: Path) -> tuple[dict, dict]:
-        """(orchestrator state, buffer state) of a checkpoint; `CheckpointError` naming the file
-        when either does not read."""
+        """(orchestrator state, buffer state) of a checkpoint, the kept in-flight rollouts in
+        the first as ``"kept"`` (`tokenflow.runtime.run.inflight_files`); `CheckpointError`
+        naming the file when one does not read."""
         if (path / "buffer.pkl").exists():
             raise CheckpointError(
                 f"{path / 'buffer.pkl'} is a pickle (a checkpoint from an older tokenflow); it is not loaded, "
@@ -267,7 +283,9 @@ class RunDir:
             if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
                 raise CheckpointError(f"{path / 'orchestrator.json'} has no integer {key!r}; the checkpoint is "
                                       "damaged or not tokenflow's: delete it to resume from the one before")
-        return state, read_buffer_state(path)
+        buffer_state = read_buffer_state(path)
+        state["kept"] = read_inflight(path, state["step"])
+        return state, buffer_state
 
     def append_rollouts(self, step: int, rollouts) -> None:
         """Record the rollouts a step consumed (``run.save_rollouts``), one JSON object each."""

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.workers.messages import (
-    AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, SetPaused, SetThreads,
-    Shutdown, WeightsLoaded, WorkerBooted,
+    AbortKind, AttachSync, EngineStatus, Envelope, Generate, Generated, ReportInFlight, SetPaused,
+    SetThreads, Shutdown, WeightsLoaded, WorkerBooted,
 )
+from tokenflow.runtime.workers import inflight
 from tokenflow.runtime.workers.process import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,17 @@ class EngineWorker:
 
                     self.episodes = EpisodeDriver(self.engine)
                 self.episodes.start(rid, msg.episode, msg.params, msg.group_id, msg.prompt_id)
+            elif msg.kept:  # a resumed run: what the checkpoint kept of this group
+                group = self.groups[rid] = _Group(msg)
+                inflight.submit_kept(self.engine, msg, rid, group.rollouts)
+                self._send_if_whole(rid)
+                return
             else:
                 self.engine.add_request(msg.prompt_ids, msg.params, request_id=rid,
                                         group_id=msg.group_id, prompt_id=msg.prompt_id)
             self.groups[rid] = _Group(msg)
+        elif isinstance(msg, ReportInFlight):
+            self.out_q.put(Envelope(self.name, inflight.report(self.groups, self.engine, msg)))
         elif isinstance(msg, WeightsReady):
             self.pending_weights.append(msg)
             self._begin_next()
@@ -268,8 +276,12 @@ class EngineWorker:
             self.engine.add_request(group.msg.prompt_ids, params, request_id=r.request_id, resume=r)
             return
         group.rollouts[r.sample_index] = r
+        self._send_if_whole(r.request_id)
+
+    def _send_if_whole(self, rid: str) -> None:
+        group = self.groups[rid]
         if len(group.rollouts) == group.msg.params.n:
-            del self.groups[r.request_id]
+            del self.groups[rid]
             rollouts = [group.rollouts[i] for i in range(group.msg.params.n)]
             self.out_q.put(Envelope(self.name, Generated(group.msg.group_id, group.msg.kind, rollouts)))
 

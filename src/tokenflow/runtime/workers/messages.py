@@ -27,6 +27,10 @@ class Generate:
     episode: object = None
     """An environment task's `tokenflow.runtime.drivers.episodes.EpisodeSpec`: the engine worker runs
     ``params.n`` multi-turn episodes (``prompt_ids`` is then unused: each reset gives its own)."""
+    kept: tuple = ()
+    """Rollouts of this group a checkpoint kept (a resumed run): finished samples come back as
+    they are, partial ones (finish reason "abort") are continued from their tokens, the others
+    are generated afresh."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,27 @@ class Shutdown:
     pass
 
 
+@dataclass(frozen=True)
+class ReportInFlight:
+    """A checkpoint is being taken: send back (``InFlight``) what the unfinished groups of this
+    kind hold so far."""
+
+    step: int
+    kind: RequestKind = "train"
+
+
 # ---- engine → orchestrator -----------------------------------------------------------------
+@dataclass
+class InFlight:
+    """The answer to ``ReportInFlight``: per unfinished group, its finished samples and the
+    running ones' tokens so far (partial rollouts); the groups whose state cannot be kept (an
+    environment's or an agent's episodes) are only named."""
+
+    step: int
+    groups: dict[int, list[Rollout]]
+    unkeepable: list[int] = field(default_factory=list)
+
+
 @dataclass
 class Generated:
     """All samples of one ``Generate`` request, finished."""
@@ -116,7 +140,12 @@ class Train:
 
 @dataclass(frozen=True)
 class Save:
+    """Checkpoint the trainer into ``directory``. ``background``: copy the state to CPU memory,
+    answer ``Saved`` at once and write the files in a background thread (``SaveWritten`` when
+    they are on disk); otherwise write them first."""
+
     directory: str
+    background: bool = True
 
 
 @dataclass(frozen=True)
@@ -186,7 +215,24 @@ class Trained:
 
 @dataclass(frozen=True)
 class Saved:
+    """The trainer holds a copy of its state and is free to train on."""
+
     directory: str
+    snapshot_s: float = 0.0
+    """How long the trainer was held up, ``waited_s`` included."""
+    waited_s: float = 0.0
+    """Of it, the wait for the previous checkpoint's write to end (one write at a time)."""
+
+
+@dataclass(frozen=True)
+class SaveWritten:
+    """The trainer's part of a checkpoint is on disk in ``directory`` (or failed: ``error``,
+    with the OSError's ``errno`` when it was one)."""
+
+    directory: str
+    write_s: float = 0.0
+    error: str = ""
+    errno: int = 0
 
 
 @dataclass

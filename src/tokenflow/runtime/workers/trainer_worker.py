@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from pathlib import Path
 
-from tokenflow.errors import CheckpointError
 from tokenflow.metrics import trace
+from tokenflow.runtime.workers.checkpoint_writer import CheckpointWriter, load_trainer_state
 from tokenflow.runtime.workers.commands import decode_command, encode_command
 from tokenflow.runtime.workers.messages import (
     EngineReplaced,
@@ -24,7 +23,6 @@ from tokenflow.runtime.workers.messages import (
     ReformSync,
     ResizeSync,
     Save,
-    Saved,
     Shutdown,
     SyncBroken,
     SyncReformed,
@@ -37,44 +35,12 @@ from tokenflow.runtime.workers.process import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.pt"
-
 
 def _exhaust(weights) -> None:
     """Walk a weights iterator to its end: a sharded trainer's gathers happen as it is walked,
     and every rank must make all of them."""
     for _ in weights:
         continue
-
-
-def save_trainer(trainer, directory: str | Path) -> None:
-    """Policy in Hugging Face format plus optimizer/scheduler/RNG/version (without a second copy
-    of the weights). Sharded trainers gather on every rank and write on rank 0 only."""
-    import torch
-
-    directory = Path(directory)
-    trainer.save_pretrained(directory / "model")
-    state = trainer.state_dict()
-    if not trainer.is_lora:  # LoRA keeps its adapters here; the rest is in model/
-        state.pop("model")
-    if getattr(trainer, "is_writer", True):
-        torch.save(state, directory / STATE_FILE)
-
-
-def load_trainer_state(trainer, directory: str | Path) -> None:
-    import torch
-
-    # Tensors and plain values only: a tampered file cannot run code here (no full unpickler).
-    path = Path(directory) / STATE_FILE
-    try:
-        state = torch.load(path, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - whatever the unpickler refused, say which file
-        raise CheckpointError(f"{path} does not load as a trainer state of tensors and numbers "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
-                         "damaged or not tokenflow's: delete it to resume from the one before") from None
-    if not trainer.is_lora:
-        state["model"] = trainer.model.state_dict()  # already loaded from directory/model
-    trainer.load_state_dict(state)
 
 
 class _Relay:
@@ -109,6 +75,7 @@ class TrainerWorker:
         self.trainer = self._build(model_path, cfg, tokenizer, rendezvous)
         if resume_dir is not None:
             self._phase("resume", lambda: load_trainer_state(self.trainer, resume_dir))
+        self.writer = CheckpointWriter(self.trainer, out_q, name, writes=rank == 0)
         if rank == 0:
             self._attach_sender()
 
@@ -263,10 +230,8 @@ class TrainerWorker:
                 self.out_q.put(Envelope(self.name, Trained(msg.step, self.trainer.version, metrics, t1 - t0,
                                                            t2 - t1, int(metrics.get("perf/train_tokens", 0)))))
         elif isinstance(msg, Save):
-            with trace.span("trainer/save"):
-                self._phase("save", lambda: save_trainer(self.trainer, msg.directory))
-            if self.rank == 0:
-                self.out_q.put(Envelope(self.name, Saved(msg.directory)))
+            with trace.span("trainer/save", background=msg.background):
+                self.writer.save(msg.directory, msg.background, self._phase)
         elif isinstance(msg, ReformSync):
             log.warning("%s: %s was replaced; re-forming the weight-sync group", self.name, msg.engine)
             self._phase("weight-sync reform", self.reform_sync)
@@ -321,6 +286,7 @@ class TrainerWorker:
             msg = self.next_command(parent)
             if msg is None or not self.execute(msg):
                 break
+        self.writer.wait()  # a checkpoint still being written is finished, not torn
         if self.sender is not None:
             self.sender.close()
         if self.group is not None:
