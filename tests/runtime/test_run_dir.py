@@ -61,6 +61,8 @@ def test_a_committed_checkpoint_loads_back(tmp_path):
     assert cp == run.checkpoints / "step_000002" and verify_checkpoint(cp) is None
     assert json.loads((cp / "buffer.json").read_text())["ready"] == [[2, 1]]
     state, buf = RunDir.load_checkpoint(cp)
+    kept = state.pop("kept")  # no in-flight rollouts were handed to this commit: none kept
+    assert kept[0] == {} and kept[1] == []
     assert state == STATE and buf["in_flight"] == [[3, 30]] and list(buf["ready"]) == [2]
     assert buf["ready"][2][0].completion_ids.tolist() == [2]
 
