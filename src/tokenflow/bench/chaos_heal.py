@@ -6,8 +6,10 @@ and again; the run must heal itself (``runtime.max_worker_restarts``) and finish
 The run (the default task, small, synchronous: ``rollout.max_staleness = 0``) is started once.
 Each kill waits for the run to have recovered from the one before (a step finished after it),
 then a random moment (0-1.5 s), then SIGKILLs the kind drawn from ``--seed``; it has landed when
-the victim was alive, died, and the run still had steps to go. Then the run must end by itself
-with exit status 0, and:
+the victim was alive, died, and the run still had steps to go. A machine fast enough to finish
+the run before every kill has landed gets the whole run again, longer (steps × 1.5 × kills ÷
+landed, up to three attempts, each in ``chaos<N>/``; the unkilled runs get the final length).
+Then the run must end by itself with exit status 0, and:
 
     prompts lost / repeated     prompts.jsonl + the summary's in-flight ids: exactly 0..max, once each
     metric rows duplicated      one training row and at most one evaluation row per step
@@ -40,6 +42,7 @@ from tokenflow.bench.chaos_procs import TOLERANCE, alive, children, start_train,
 log = logging.getLogger(__name__)
 
 KINDS = ("trainer", "engine", "scorer")
+MAX_ATTEMPTS = 3
 EXTRA = ["--run.eval_limit", "32", "--runtime.restart_window_s", "0"]
 
 
@@ -121,33 +124,47 @@ def run(args, cfg_path: Path, out: Path) -> dict:
 
     steps = load_config(TrainConfig, cfg_path).run.steps
     t_start = time.monotonic()
-    chaos, chaos_log = out / "chaos", out / "chaos.log"
     rng = random.Random(args.seed)
     kinds = [k for k in KINDS if k in args.kinds.split(",")] or list(KINDS)
     schedule = [kinds[i % len(kinds)] for i in range(args.kills)]
     rng.shuffle(schedule)
-    proc = start_train([str(cfg_path), "--output-dir", str(chaos)], chaos_log)
-    t0 = time.monotonic()
-    records = _kill_all(schedule, rng, proc, chaos, steps, args.worker_timeout * 4)
-    try:
-        code = proc.wait(timeout=1800)
-    except Exception:  # noqa: BLE001 - a run that does not end is a failed check, and is ended here
-        os.killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-    chaos_wall = time.monotonic() - t0
+    too_short = []
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        # A fast machine can finish the run before every kill has landed: then the whole run is
+        # done again, longer (the unkilled references get the same number of steps).
+        chaos, chaos_log = out / f"chaos{'' if attempt == 1 else attempt}", out / f"chaos{'' if attempt == 1 else attempt}.log"
+        proc = start_train([str(cfg_path), "--output-dir", str(chaos), "--run.steps", str(steps)], chaos_log)
+        t0 = time.monotonic()
+        records = _kill_all(list(schedule), rng, proc, chaos, steps, args.worker_timeout * 4)
+        try:
+            code = proc.wait(timeout=1800)
+        except Exception:  # noqa: BLE001 - a run that does not end is a failed check, and is ended here
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        chaos_wall = time.monotonic() - t0
+        n = sum(r["landed"] for r in records)
+        if n == args.kills or not records or records[-1].get("why") != "the run was (nearly) done" \
+                or attempt == MAX_ATTEMPTS:
+            break
+        longer = int(steps * 1.5 * args.kills / max(n, 1)) + 10
+        log.warning("bench chaos --heal: the run ended after %d of %d kills; again with %d steps", n, args.kills, longer)
+        too_short.append({"dir": str(chaos), "steps": steps, "kills_landed": n, "exit_code": code})
+        steps = longer
     refs = []
     for seed in range(args.ref_seeds):
         ref = out / f"reference-seed{seed}"
         log.info("bench chaos --heal: unkilled run, seed %d → %s", seed, ref)
         t1 = time.monotonic()
-        p = start_train([str(cfg_path), "--output-dir", str(ref), "--run.seed", str(seed)], out / f"reference-seed{seed}.log")
+        p = start_train([str(cfg_path), "--output-dir", str(ref), "--run.seed", str(seed), "--run.steps", str(steps)],
+                        out / f"reference-seed{seed}.log")
         refs.append({"seed": seed, "exit": p.wait(), "wall_s": round(time.monotonic() - t1, 1),
                      "final_accuracy": _final_accuracy(ref), "dir": ref})
     landed = [r for r in records if r["landed"]]
     result = {
         "kills": len(landed), "kills_requested": args.kills, "seed": args.seed, "steps": steps,
         "kills_by_kind": {k: sum(r["kind"] == k for r in landed) for k in KINDS},
-        "finished_by_itself": code == 0, "exit_code": code, "resumes": 0,
+        "finished_by_itself": code == 0, "exit_code": code, "resumes": 0, "attempts": attempt,
+        "too_short_attempts": too_short,
     }
     heal_rows = _read_heal(chaos)
     result["replacements"] = sum(r["event"] == "replaced" for r in heal_rows)
