@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from tokenflow.runtime.orchestrator.autoscale import AutoScale, reading
 from tokenflow.runtime.orchestrator.run_state import RunFailed
-from tokenflow.runtime.orchestrator.seeds import request_seed
+from tokenflow.runtime.orchestrator.restarts import readmit
 from tokenflow.runtime.run.control import ControlInbox
 from tokenflow.runtime.workers import messages as M
 
@@ -363,15 +363,3 @@ class Elastic:
             self._status = status
             self.control.status(status)
 
-
-def readmit(orch, gids) -> None:
-    """Send ``gids`` again (to the engines that take work), each with its original seed, as after
-    a restart (``restarts.resend_after_restart``): the same prompt, the same samples."""
-    for gid in gids:
-        del orch.group_engine[gid]
-        if gid < 0:
-            prompt, kind, params = orch.heldout.prompt(gid), "eval", orch.heldout.params
-        else:
-            prompt, kind = orch.prompts[gid], "train"
-            params = dataclasses.replace(orch.train_params, seed=request_seed(orch.cfg.run.seed, prompt.id))
-        orch._send_generate(gid, prompt, kind, params)

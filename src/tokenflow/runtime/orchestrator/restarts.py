@@ -41,7 +41,13 @@ def resend_after_restart(orch, msg: M.WorkerRestarted) -> None:
                                      min_version=max(orch.engine_versions.values())))
     if orch.blocking and orch.trainer_busy:
         engine.send(M.SetPaused(True))
-    for gid in lost:
+    readmit(orch, lost)
+
+
+def readmit(orch, gids) -> None:
+    """Send ``gids`` again (to the engines that take work), each with its original seed: the same
+    prompt, the same samples. After a restart, and for an engine removed from the run."""
+    for gid in gids:
         del orch.group_engine[gid]
         if gid < 0:
             prompt, kind, params = orch.heldout.prompt(gid), "eval", orch.heldout.params
