@@ -40,7 +40,11 @@ def test_a_resumed_run_continues_the_rollouts_in_flight_from_their_saved_tokens(
     run = tmp_path / "run"
     args = [*SMALL, "--output-dir", str(run), "--run.steps", str(STEPS), "--run.checkpoint_every", "1",
             "--run.keep_checkpoints", "20", "--rollout.max_staleness", "2", "--run.save_rollouts", "true",
-            "--run.eval_limit", "4"]
+            "--run.eval_limit", "4",
+            # One group decoded at a time: generation is the bottleneck, so every checkpoint finds
+            # samples mid-generation (with 256 slots the tiny model finishes a step's groups before
+            # the trainer does, and a fast machine checkpoints nothing in flight).
+            "--engine.max_num_seqs", "4"]
     proc = start_cli(args, tmp_path / "first.log")
     try:
         wait_until(lambda: _with_partials(run) is not None, 120, "a checkpoint with a partial rollout", proc)

@@ -78,6 +78,13 @@ class TrainConfig(ConfigModel):
                 f"trainer.mini_batches ({self.trainer.mini_batches}) exceeds the rollouts of one batch "
                 f"(rollout.prompts_per_step × rollout.group_size = {want}): a mini-batch needs at least one "
                 "rollout; lower trainer.mini_batches or raise rollout.prompts_per_step")
+        if self.engine.max_num_seqs < self.rollout.group_size:
+            # A group's samples are admitted together; found here rather than as the engine
+            # worker's crash on the first prompt.
+            raise ValueError(
+                f"engine.max_num_seqs ({self.engine.max_num_seqs}) is below rollout.group_size "
+                f"({self.rollout.group_size}): the engine runs a group's samples together; raise "
+                "engine.max_num_seqs or lower rollout.group_size")
         if self.sync.every > self.rollout.max_staleness + 1:
             raise ValueError(
                 f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
