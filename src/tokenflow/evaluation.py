@@ -7,11 +7,13 @@ with; for the 0/1 rewards of verifiable tasks, the fraction solved).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable
 
 from tokenflow.rollout import CORRECT_REWARD
-from tokenflow.tasks.base import Prompt, Task
+from tokenflow.tasks.base import Task
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -48,22 +50,46 @@ def prompt_encoder(tokenizer, task_config=None) -> Callable[[str], list[int]]:
     return lambda text: encode_prompt(tokenizer, text)
 
 
-def score_completions(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
-    out = []
-    for p, c in zip(prompts, completions):
-        r = task.reward_fn(p.text, c, p.example)
-        out.append(float(r["reward"] if isinstance(r, dict) else r))
-    return out
-
-
 def accuracy_of(generate: Callable[[list[list[int]]], list[str]], tokenizer, task: Task,
                 limit: int | None = None, encode: Callable[[str], list[int]] | None = None) -> float:
     """``encode``: a `prompt_encoder` (default: the tokenizer's plain `encode_prompt`)."""
+    return evaluate(generate, tokenizer, task, limit, encode).accuracy
+
+
+@dataclass
+class Evaluation:
+    """Held-out greedy accuracy, and the reward's components when it returns a dict.
+
+    ``components``: each numeric component's mean over the prompts (``{"format": 0.4}``);
+    ``accuracy_given``: for each component that is 0 or 1 on every prompt, the accuracy among the
+    prompts where it is 1 (the accuracy among answers in the required form, say), None when it
+    is never 1. Together they split a gain into form and substance."""
+
+    accuracy: float
+    prompts: int
+    components: dict[str, float] = field(default_factory=dict)
+    accuracy_given: dict[str, float | None] = field(default_factory=dict)
+
+
+def evaluate(generate: Callable[[list[list[int]]], list[str]], tokenizer, task: Task,
+             limit: int | None = None, encode: Callable[[str], list[int]] | None = None) -> Evaluation:
     encode = encode or prompt_encoder(tokenizer)
     prompts = task.eval_prompts()[:limit]
     completions = generate([encode(p.text) for p in prompts])
-    rewards = score_completions(task, prompts, completions)
-    return sum(r >= CORRECT_REWARD for r in rewards) / max(1, len(rewards))
+    raw = [task.reward_fn(p.text, c, p.example) for p, c in zip(prompts, completions)]
+    correct = [float(r["reward"] if isinstance(r, dict) else r) >= CORRECT_REWARD for r in raw]
+    n = max(1, len(prompts))
+    out = Evaluation(sum(correct) / n, len(prompts))
+    names = sorted({k for r in raw if isinstance(r, dict) for k in r if k != "reward"})
+    for name in names:
+        values = [r.get(name) if isinstance(r, dict) else None for r in raw]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            continue  # missing on some prompts, or not a finite number: no mean to give
+        out.components[name] = sum(float(v) for v in values) / n
+        if all(float(v) in (0.0, 1.0) for v in values):
+            among = [c for c, v in zip(correct, values) if float(v) == 1.0]
+            out.accuracy_given[name] = sum(among) / len(among) if among else None
+    return out
 
 
 def hf_greedy_generate(model, tokenizer, max_new_tokens: int = 96, batch: int = 256):

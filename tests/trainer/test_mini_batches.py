@@ -40,9 +40,13 @@ def test_two_mini_batches_are_two_ppo_steps_against_the_batchs_starting_policy()
     one clipped against the weights before the first. Same weights after, same clip fraction."""
     rollouts = batch()
     algo = AlgorithmConfig(objective="decoupled", clip_low=0.1, clip_high=0.1)
-    mini = trainer(algo, mini_batches=2)
+    # Adam's step is lr·g/(|g| + ε): with the default ε = 1e-8 an entry whose gradient is within
+    # float32 rounding of zero steps by ±lr either way, and the two paths round differently (one
+    # forward over the whole batch against one per half): 2e-5 apart on an AVX-512/AMX machine.
+    # ε = 1e-6 bounds a rounding error δg's effect on a weight by lr·δg/ε (measured 1.1e-6).
+    mini = trainer(algo, mini_batches=2, adam_eps=1e-6)
     m = mini.train_step(rollouts)
-    reference = trainer(AlgorithmConfig(objective="direct", clip_low=0.1, clip_high=0.1))
+    reference = trainer(AlgorithmConfig(objective="direct", clip_low=0.1, clip_high=0.1), adam_eps=1e-6)
     steps = [reference.train_step(rollouts[:8]), reference.train_step(rollouts[8:])]
     assert m["optim/steps"] == 2 and mini.version == 1 and reference.version == 2
     for k, v in weights(reference).items():

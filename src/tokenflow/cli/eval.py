@@ -121,7 +121,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine.factory import make_engine
-    from tokenflow.evaluation import accuracy_of, prompt_encoder
+    from tokenflow.evaluation import Evaluation, evaluate, prompt_encoder
     from tokenflow.tasks import build_task
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
@@ -130,13 +130,20 @@ def run(args, overrides: list[str] | None = None) -> int:
     limit = args.limit or cfg.run.eval_limit
     n = len(task.eval_prompts()[:limit])
     if getattr(cfg.task, "env", None):
-        acc = episode_accuracy(engine, task, cfg, limit)
+        result = Evaluation(episode_accuracy(engine, task, cfg, limit), n)
     else:
-        acc = accuracy_of(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
+        result = evaluate(generate_with_progress(engine, cfg.sampling.max_tokens, tuple(cfg.sampling.stop)),
                           engine.tokenizer, task, limit, encode=prompt_encoder(engine.tokenizer, cfg.task))
     scored = getattr(task, "eval_source", f"{task.name} held-out split")
     if args.json:
-        print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n, "accuracy": acc}))
-    else:
-        print(f"{scored}: greedy accuracy {acc:.4f} on {n} prompts ({model})")
+        print(json.dumps({"model": model, "task": task.name, "eval_set": scored, "prompts": n,
+                          "accuracy": result.accuracy, "components": result.components,
+                          "accuracy_given": result.accuracy_given}))
+        return 0
+    print(f"{scored}: greedy accuracy {result.accuracy:.4f} on {n} prompts ({model})")
+    for name, mean in result.components.items():  # the reward's own parts, when it returns a dict
+        given = result.accuracy_given.get(name, "")
+        if name in result.accuracy_given:
+            given = "; accuracy where it is 1: " + ("-" if given is None else f"{given:.4f}")
+        print(f"  {name}: mean {mean:.4f}{given}")
     return 0
