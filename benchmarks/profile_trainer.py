@@ -1,6 +1,6 @@
 """Where one trainer step's time goes, on the default workload, in one process.
 
-    PYTHONPATH=src python benchmarks/profile_trainer.py [--steps 4] [--model PATH] [--cprofile]
+    PYTHONPATH=src python benchmarks/profile_trainer.py [--steps 4] [--config FILE] [--model PATH] [--cprofile]
 
 Generates real rollouts with the built-in engine (the preset's model, prompts, sampling and batch
 shape: 16 prompts × 8 samples, up to 96 tokens), scores them with the task's reward, then runs
@@ -31,7 +31,7 @@ import torch
 
 def _generate(engine, task, tokenizer, cfg, cursor: int):
     from tokenflow.engine import SamplingParams
-    from tokenflow.evaluation import encode_prompt
+    from tokenflow.evaluation import prompt_encoder
     from tokenflow.runtime.orchestrator.seeds import request_seed
 
     s, r = cfg.sampling, cfg.rollout
@@ -39,11 +39,13 @@ def _generate(engine, task, tokenizer, cfg, cursor: int):
                           max_tokens=s.max_tokens, stop=tuple(s.stop), n=r.group_size)
     prompts = [task.train_prompt(cursor + i) for i in range(r.prompts_per_step)]
     params = [dataclasses.replace(base, seed=request_seed(cfg.run.seed, p.id)) for p in prompts]
-    groups = engine.generate([encode_prompt(tokenizer, p.text) for p in prompts], params)
+    encode = prompt_encoder(tokenizer, cfg.task)  # the chat template when the task asks for it
+    groups = engine.generate([encode(p.text) for p in prompts], params)
     for gid, (p, group) in enumerate(zip(prompts, groups)):
         for roll in group:
             roll.group_id, roll.prompt_id = gid, p.id
-            roll.reward = float(task.reward_fn(p.text, roll.text or "", p.example))
+            reward = task.reward_fn(p.text, roll.text or "", p.example)
+            roll.reward = float(reward["reward"] if isinstance(reward, dict) else reward)
     return [x for g in groups for x in g]
 
 
@@ -71,7 +73,8 @@ def _wrap_module_fn(module, name: str, label: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4, help="profiled steps (after one warm-up step)")
-    ap.add_argument("--model", default=None, help="model folder (default: the shipped model)")
+    ap.add_argument("--config", default=None, help="a run's config file (default: the preset's)")
+    ap.add_argument("--model", default=None, help="model folder or name (default: the config's)")
     ap.add_argument("--override", action="append", default=[], help="dotted config override, e.g. trainer.micro_batch_tokens=4096")
     ap.add_argument("--cprofile", action="store_true", help="also print the top Python functions (cProfile)")
     ap.add_argument("--rows", type=int, default=25, help="operator rows to print")
@@ -88,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflow.trainer import Trainer
     import tokenflow.trainer.trainer as trainer_module
 
-    cfg = load_config(TrainConfig, default_config_path(), [f"--{o}" for o in args.override])
-    model = args.model or resolve_model_path(cfg.model.path)
+    overrides = [x for o in args.override for x in (f"--{o.split('=', 1)[0]}", o.split("=", 1)[1])]
+    cfg = load_config(TrainConfig, args.config or default_config_path(), overrides)
+    model = resolve_model_path(args.model or cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model)
     task = build_task(cfg.task)
     engine = make_engine(model, cfg.engine)

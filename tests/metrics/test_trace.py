@@ -46,6 +46,7 @@ def test_spans_counters_and_other_tracks_merge_into_trace_event_json(tracing, tm
     t0 = time.time()
     with trace.span("trainer/forward", tokens=12):
         time.sleep(0.01)
+    spent_us = (time.time() - t0) * 1e6  # the span's upper bound, however loaded the machine
     trace.record("engine/decode", t0, 0.002, seqs=3)
     trace.counter("buffer/fill", fill=0.25, ready_groups=2)
     trace.name_thread(4242, 1, "idle")
@@ -58,11 +59,12 @@ def test_spans_counters_and_other_tracks_merge_into_trace_event_json(tracing, tm
     by_name = {e["name"]: e for e in events}
     # each flush states the tracer's own cost so far in this process
     own = by_name["trace/self_s"]
-    assert own["ph"] == "C" and own["args"]["events"] == 6 and 0 < own["args"]["self_s"] < 0.05
+    assert own["ph"] == "C" and own["args"]["events"] == 6 and 0 < own["args"]["self_s"] < time.time() - t0
     assert by_name["process_name"]["args"] == {"name": "tester"}
     fwd = by_name["trainer/forward"]
     assert fwd["ph"] == "X" and fwd["cat"] == "trainer" and fwd["args"] == {"tokens": 12}
-    assert 9_000 <= fwd["dur"] <= 500_000 and abs(fwd["ts"] / 1e6 - t0) < 1.0
+    # sleep lasts at least 10 ms; times are whole microseconds (one of rounding either way)
+    assert 9_999 <= fwd["dur"] <= spent_us + 1 and t0 - 1e-6 <= fwd["ts"] / 1e6 <= t0 + spent_us / 1e6
     assert by_name["engine/decode"]["dur"] == pytest.approx(2000)
     assert by_name["buffer/fill"]["ph"] == "C" and by_name["buffer/fill"]["args"]["fill"] == 0.25
     idle = by_name["trainer/idle"]
