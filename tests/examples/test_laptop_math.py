@@ -80,11 +80,10 @@ def test_evaluate_splits_accuracy_into_form_and_substance():
 
 
 def test_tokenflow_eval_prints_the_components(tmp_path):
-    """The command on the shipped model and the custom task (whose reward logs a format part):
+    """The command on the shipped model and the custom task's config (whose reward logs a format part):
     the accuracy is the share in the format times the accuracy among them, as reported."""
     proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "eval", "default", "--limit", "24", "--json",
-                           "--task.name", "dataset", "--task.train_path", "examples/custom_task/sums.jsonl",
-                           "--task.reward", "examples/custom_task/reward.py:score"],
+                           "--config", "examples/custom_task/config.toml"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)

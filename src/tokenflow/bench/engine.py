@@ -50,6 +50,9 @@ def register(subparsers) -> None:
     p.add_argument("--moe", action="store_true",
                    help="with no --model: a random ~11M-parameter Qwen3-MoE (8 experts, top-2) instead of the Llama")
     p.add_argument("--skip-hf", action="store_true", help="run only the engine")
+    p.add_argument("--floors", action="store_true",
+                   help="also measure this machine's memory-bandwidth and matmul floors for the model "
+                        "(tokenflow.bench.floors) and each side's share of the decode floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -286,6 +289,20 @@ def run(args: argparse.Namespace) -> int:
                                 f"{max(max_tokens)}, do_sample, top_k=0, top_p=1; counted "
                                 "tokens = each request's max_tokens"),
         })
+    if args.floors and next(hf_model.parameters()).device.type != "cpu":
+        result["floors"] = "measured on a CPU only"
+    elif args.floors:
+        from tokenflow.bench.floors import floors
+
+        peak = min(args.max_num_seqs, args.prompts * args.samples)  # the widest decode step
+        f = floors(hf_model, args.dtype, peak, args.threads)
+        result["floors"] = f
+        for b in backends:
+            key = "engine" if b == "builtin" else b
+            result[f"{key}_of_decode_floor"] = round(rate[b] / f["decode_floor_tokens_per_s"], 3)
+        if hf_runs:
+            result["hf_generate_of_decode_floor"] = round(result["hf_generate_tokens_per_s"]
+                                                          / f["decode_floor_tokens_per_s"], 3)
     if args.json:
         print(json.dumps(result))
     else:

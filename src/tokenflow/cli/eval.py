@@ -15,6 +15,9 @@ def register(subparsers) -> None:
                     "checkpoint and its task). Overrides such as --task.name apply to the task.")
     p.add_argument("checkpoint", help='model / checkpoint / run folder, or a model name: "default", '
                                       '"default-tool", "default-moe", "smollm2-135m-instruct"')
+    p.add_argument("--config", default=None,
+                   help="a config file whose task, sampling and engine sections apply (default: the run "
+                        "folder's config, else the preset's); e.g. the base model on a run's task")
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -114,7 +117,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     except InputError as e:  # a model name whose folder cannot be built
         print(f"error: {e}", file=sys.stderr)
         return 2
-    config = run_dir / "config.toml" if run_dir is not None else default_config_path()
+    config = args.config or (run_dir / "config.toml" if run_dir is not None else default_config_path())
     try:
         cfg = load_config(TrainConfig, config, overrides or [])
     except ConfigError as e:
