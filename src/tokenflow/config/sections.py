@@ -227,8 +227,8 @@ class RuntimeConfig(ConfigModel):
     starts from the last checkpoint and re-trains the batches taken since, so the weights and
     the prompt ledger come out as if it had not died; a new engine loads the current weights
     and its in-flight groups are generated again; a new scorer pool scores its groups again
-    (docs/robustness.md, "A worker dies"). That is the local backend; on Ray, dead engine
-    actors are restarted this many times and a dead trainer stops the run. Before this key was
+    (docs/robustness.md, "A worker dies"). On Ray, dead engine and scorer actors are
+    restarted by Ray this many times, and dead trainer actors are replaced as above. Before this key was
     runtime.max_engine_restarts (Ray engines only), which is still read as this one."""
     restart_window_s: float = Field(default=60.0, ge=0)
     """A worker that dies again within this many seconds of being replaced stops the run

@@ -13,9 +13,9 @@ It offers the orchestrator the local backend's surface (``engines``, ``trainer``
   loop again in the new process and hands the orchestrator a ``WorkerRestarted``; the
   orchestrator re-sends the engine's in-flight groups and the sync spec, and the engine loads
   the newest weights before it generates. Messages sent while it is down are dropped here: the
-  re-send covers them. A trainer rank is not restarted: its optimizer state died with it, so
-  the run stops naming it (resume from the last checkpoint); replacing it while the run goes
-  on, as the local backend does (``orchestrator/healing.py``), is not built for Ray yet.
+  re-send covers them. A trainer rank is not restarted by Ray (its optimizer state died with
+  it): the orchestrator replaces every rank from the last checkpoint while the engines go on
+  (``replace_trainer``, called by ``orchestrator/healing.py`` as for the local backend).
 
 Ray is imported only here and in ``ray_scoring``; ``import tokenflow`` and the local backend
 never import it.
@@ -57,6 +57,9 @@ class RayWorker:
     def __init__(self, name: str, actor, body, args: tuple, max_restarts: int) -> None:
         self.name, self.actor, self.body, self.args = name, actor, body, args
         self.max_restarts, self.restarts = max_restarts, 0
+        # The name the orchestrator may replace this worker under (`RayBackend.replace_trainer`):
+        # trainer ranks; Ray itself restarts engines (``max_restarts``), so theirs stays None.
+        self.replaceable: str | None = None
         self.load = 0  # samples in flight on this engine, for routing
         self.pid: int | None = None
         self.node: str | None = None
@@ -85,7 +88,7 @@ class RayWorker:
         if not ray.wait([self._probe], timeout=0)[0]:
             if not self.up and now - self._down_since > timeout_s:
                 raise WorkerDied(f"the {self.name} actor died and did not come back within {timeout_s:g}s "
-                                 "(runtime.worker_timeout_s)")
+                                 "(runtime.worker_timeout_s)", worker=self.replaceable)
             return False
         probe, self._probe = self._probe, None
         try:
@@ -95,7 +98,8 @@ class RayWorker:
             return False
         if info["pid"] == self.pid:
             if info["exit_code"]:  # the loop failed; its WorkerFailed message is on the way
-                raise WorkerDied(f"the {self.name} actor's loop exited with code {info['exit_code']}")
+                raise WorkerDied(f"the {self.name} actor's loop exited with code {info['exit_code']}",
+                                 worker=self.replaceable)
             if self.up:
                 return False
             # A probe failed but the process lived on (lost contact): its loop still runs, but
@@ -116,7 +120,8 @@ class RayWorker:
             return
         if self.restarts >= self.max_restarts:
             raise WorkerDied(f"the {self.name} actor (pid {self.pid}) died: {why}"
-                             + (f" (after {self.restarts} restarts)" if self.max_restarts else ""))
+                             + (f" (after {self.restarts} restarts)" if self.max_restarts else ""),
+                             worker=self.replaceable)
         self.restarts += 1
         self.up = False
         self._down_since = time.monotonic()
@@ -148,13 +153,11 @@ class RayBackend:
             actor = actor_cls.options(**actor_options(rt, "engine", self.placement, i, restarts)).remote(name)
             self.engines.append(RayWorker(name, actor, engine_body,
                                           (engine_model_path, engine_cfg, self.inbox, trace_dir), restarts))
-        self.trainer_ranks = []
-        for rank in range(world):
-            name = "trainer" if rank == 0 else f"trainer{rank}"
-            actor = actor_cls.options(**actor_options(rt, "trainer", self.placement, n_eng + rank)).remote(name)
-            self.trainer_ranks.append(RayWorker(name, actor, trainer_body, (), 0))
-        self.trainer = self.trainer_ranks[0]
-        self._trainer_args = (trainer_model_path, resume_dir, trace_dir)
+        self._actor_cls = actor_cls
+        self.trainer_start_step = engine_version  # where this run's trainer started (a resume's step)
+        self._trainer_start = (trainer_model_path, resume_dir)
+        self._trace_dir = trace_dir
+        self._new_trainer_ranks()
 
     @property
     def all_workers(self) -> list[RayWorker]:
@@ -165,10 +168,21 @@ class RayBackend:
     def _everyone(self) -> list[RayWorker]:
         return [*self.engines, *self.trainer_ranks]
 
-    def start(self) -> RayBackend:
-        self._wait_placed()
-        self._check_transport()
-        model, resume_dir, trace_dir = self._trainer_args
+    def _new_trainer_ranks(self) -> None:
+        """Actors for every trainer rank (not started), in the trainer's placement bundles."""
+        from tokenflow.runtime.backends.ray.placement import actor_options
+
+        rt, n_eng = self.cfg.runtime, self.cfg.runtime.num_engines
+        self.trainer_ranks = []
+        for rank in range(self.cfg.trainer.world_size):
+            name = "trainer" if rank == 0 else f"trainer{rank}"
+            actor = self._actor_cls.options(**actor_options(rt, "trainer", self.placement, n_eng + rank)).remote(name)
+            worker = RayWorker(name, actor, trainer_body, (), 0)
+            worker.replaceable = name
+            self.trainer_ranks.append(worker)
+        self.trainer = self.trainer_ranks[0]
+
+    def _start_trainer_ranks(self, model: str, resume_dir: str | None) -> None:
         rdv = None
         if len(self.trainer_ranks) > 1:
             from tokenflow.trainer.distributed import Rendezvous
@@ -178,16 +192,44 @@ class RayBackend:
             rdv = Rendezvous(host, port, len(self.trainer_ranks), self.cfg.trainer.collective_timeout_s)
         engine_actors = [e.actor for e in self.engines]
         for rank, w in enumerate(self.trainer_ranks):
-            w.args = (model, self.cfg, self.inbox, engine_actors if rank == 0 else [], resume_dir, trace_dir,
+            w.args = (model, self.cfg, self.inbox, engine_actors if rank == 0 else [], resume_dir, self._trace_dir,
                       rank, rdv)
-        for w in self._everyone:
             w.start()
+
+    def start(self) -> RayBackend:
+        self._wait_placed(self._everyone)
+        self._check_transport()
+        for w in self.engines:
+            w.start()
+        self._start_trainer_ranks(*self._trainer_start)
         return self
 
-    def _wait_placed(self) -> None:
+    def replace_trainer(self, checkpoint=None) -> None:
+        """Kill every trainer rank (one died; the others cannot go on without it) and start new
+        actors in their placement from ``checkpoint`` (a checkpoint folder; None: where this
+        run's trainer started), as the local backend does (``orchestrator/healing.py``)."""
+        for w in self.trainer_ranks:
+            try:
+                self.ray.kill(w.actor, no_restart=True)
+            except Exception:  # dead already
+                pass
+        model, resume_dir = self._trainer_start
+        if checkpoint is not None:
+            resume_dir = str(checkpoint)
+            if self.cfg.trainer.lora_rank is None:  # LoRA adapters resume on the base model
+                model = str(checkpoint / "model")
+        self._new_trainer_ranks()
+        self._wait_placed(self.trainer_ranks)
+        self._start_trainer_ranks(model, resume_dir)
+
+    def locked_engines(self) -> list[str]:
+        """None: Ray's queues hold no lock a dead trainer could leave taken."""
+        return []
+
+    def _wait_placed(self, workers: list[RayWorker]) -> None:
         """Every actor process is up, or the error names the ones Ray could not place."""
         timeout = self.cfg.runtime.worker_timeout_s
-        refs = {w.actor.info.remote(): w for w in self._everyone}
+        refs = {w.actor.info.remote(): w for w in workers}
         ready, waiting = self.ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
         if waiting:
             names = [refs[r].name for r in waiting]
