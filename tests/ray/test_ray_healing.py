@@ -27,6 +27,7 @@ ARGS = ("--rollout.max_staleness", "0", "--run.steps", str(STEPS), "--run.checkp
         "--run.keep_checkpoints", "10", "--runtime.restart_window_s", "0")
 
 
+@pytest.mark.timeout(240)  # a healed trainer at the wrong version would leave the engines waiting
 def test_a_killed_trainer_actor_is_replaced_and_the_run_goes_on(tmp_path, ray_cluster):
     run = tmp_path / "healed"
     killed = {}
