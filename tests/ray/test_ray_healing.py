@@ -6,14 +6,10 @@ happened to."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 
 import pytest
 
-from tests.runtime.helpers import ledger, small_config, step_rows, workers
+from tests.runtime.helpers import kill_after_steps, ledger, small_config, step_rows, workers
 from tokenflow.bench.chaos_checks import weights_diff
 from tokenflow.bench.chaos_procs import TOLERANCE
 from tokenflow.runtime.launch import train
@@ -31,18 +27,7 @@ ARGS = ("--rollout.max_staleness", "0", "--run.steps", str(STEPS), "--run.checkp
 def test_a_killed_trainer_actor_is_replaced_and_the_run_goes_on(tmp_path, ray_cluster):
     run = tmp_path / "healed"
     killed = {}
-
-    def kill_the_trainer() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if (run / "metrics.jsonl").exists() and len(step_rows(run)) >= 3:
-                killed["pid"], killed["after_step"] = workers(run)["trainer"], len(step_rows(run))
-                os.kill(killed["pid"], signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_the_trainer, daemon=True)
-    killer.start()
+    killer = kill_after_steps(run, "trainer", 3, killed)
     summary = train(small_config(*ARGS, "--runtime.backend", "ray"), run)
     killer.join()
     assert killed and killed["after_step"] < STEPS, "the run ended before the trainer could be killed"

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import threading
-import time
 
 import pytest
 
-from tests.runtime.helpers import ledger, small_config, step_rows, workers
+from tests.runtime.helpers import kill_after_steps, ledger, small_config, step_rows
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 
@@ -49,18 +45,7 @@ def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_clus
                        "--trainer.skip_zero_advantage", "false",
                        "--sync.transport", transport, *RAY)
     killed = {}
-
-    def kill_engine_mid_run() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if (run / "metrics.jsonl").exists() and len(step_rows(run)) >= 2:
-                killed["pid"], killed["after_step"] = workers(run)["engine"], len(step_rows(run))
-                os.kill(killed["pid"], signal.SIGKILL)
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_engine_mid_run, daemon=True)
-    killer.start()
+    killer = kill_after_steps(run, "engine", 2, killed)
     with caplog.at_level(logging.WARNING, logger="tokenflow.runtime"):
         summary = train(cfg, run)
     killer.join()

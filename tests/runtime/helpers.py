@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,3 +56,21 @@ def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | No
 
 def workers(run_dir: Path) -> dict[str, int]:
     return json.loads((run_dir / "workers.json").read_text())
+
+
+def kill_after_steps(run_dir: Path, worker: str, steps: int, killed: dict, timeout: float = 120) -> threading.Thread:
+    """A started thread that SIGKILLs ``worker`` (its pid from workers.json) once ``steps`` steps
+    are logged; ``killed`` gets its "pid" and "after_step" (the steps logged when it struck)."""
+
+    def kill() -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if (run_dir / "metrics.jsonl").exists() and len(step_rows(run_dir)) >= steps:
+                killed["pid"], killed["after_step"] = workers(run_dir)[worker], len(step_rows(run_dir))
+                os.kill(killed["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
