@@ -255,3 +255,49 @@ def test_a_rollout_without_token_rewards_logs_null_and_stepless_rows_survive_a_r
                                                                    {"step": 1, "loss": 2.0})))
     run.truncate_after(1)  # the evaluation at step 1 goes; a row without a step counts as step 0
     assert [json.loads(x) for x in run.metrics.read_text().splitlines()] == [{"eval/accuracy": 0.3}, {"step": 1, "loss": 2.0}]
+
+
+def test_in_flight_files_are_committed_byte_for_byte_and_load_back_as_kept_rollouts(tmp_path):
+    """What `commit_checkpoint` is handed as ``files`` (the in-flight rollouts) lands in the
+    checkpoint as given, in its manifest, and loads back as the kept groups of that step."""
+    from tokenflow.runtime.run.inflight_files import encode_inflight
+
+    partial = Rollout([1, 2], [5, 6], [-0.25, -0.5], [1, 2], group_id=3, prompt_id=7, sample_index=1,
+                      finish_reason="abort")
+    files = encode_inflight(2, {3: [partial]}, [4])
+    run = RunDir(tmp_path / "run").create()
+    staging = run.staging_dir(2)
+    (staging / "trainer_state.pt").write_bytes(b"t")
+    cp = run.commit_checkpoint(staging, 2, STATE, buffer_state(), keep=3, files=files)
+    for name, data in files.items():
+        assert (cp / name).read_bytes() == data
+    assert set(files) <= set(json.loads((cp / "manifest.json").read_text())["files"])
+    assert verify_checkpoint(cp) is None
+    state, _ = RunDir.load_checkpoint(cp)
+    groups, unkeepable, _ = state["kept"]
+    assert unkeepable == [4] and list(groups) == [3]
+    (back,) = groups[3]
+    assert back.completion_ids.tolist() == [5, 6] and back.versions.tolist() == [1, 2]
+    assert back.logprobs.tolist() == [-0.25, -0.5] and back.finish_reason == "abort"
+
+
+def test_in_flight_files_of_another_step_are_refused(tmp_path):
+    """A checkpoint of step 2 holding step 1's in-flight index (a copied or forged file) does not
+    load: resuming would continue rollouts from another point of the run."""
+    from tokenflow.runtime.run.inflight_files import encode_inflight
+
+    run = RunDir(tmp_path / "run").create()
+    staging = run.staging_dir(2)
+    files = encode_inflight(1, {3: [Rollout([1], [5], [-0.25], [1], group_id=3, finish_reason="abort")]}, [])
+    cp = run.commit_checkpoint(staging, 2, STATE, buffer_state(), keep=3, files=files)
+    with pytest.raises(CheckpointError, match=r"inflight.json is not an index of in-flight groups of step 2"):
+        RunDir.load_checkpoint(cp)
+
+
+def test_a_staging_folder_is_discarded_and_a_missing_one_is_no_error(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    staging = run.staging_dir(5)
+    (staging / "trainer_state.pt").write_bytes(b"t")
+    run.discard_staging(staging)
+    assert not staging.exists() and run.checkpoints.is_dir()
+    run.discard_staging(staging)  # a write that failed before its folder was made
