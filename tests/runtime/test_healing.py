@@ -23,8 +23,12 @@ from tokenflow.runtime.run.resources import leftovers, run_tag
 STEPS = 8
 # An evaluation every 2 steps keeps the engine busy right after steps 2 and 4 are logged: a kill
 # then lands on groups in flight (held-out and training ones).
+# One group decoded at a time (max_num_seqs = group size): generation and evaluation take long
+# enough that the engine kill lands on work in flight on a fast machine too (with 256 slots it
+# once found the engine idle: nothing to re-send).
 HEALED = ["--run.steps", str(STEPS), "--run.checkpoint_every", "3", "--rollout.max_staleness", "0",
-          "--run.eval_every", "2", "--runtime.restart_window_s", "0", "--runtime.worker_timeout_s", "60"]
+          "--run.eval_every", "2", "--runtime.restart_window_s", "0", "--runtime.worker_timeout_s", "60",
+          "--engine.max_num_seqs", "4"]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
 
 pytestmark = pytest.mark.slow  # real processes
 
-STEPS = 4
+STEPS = 12  # the first run is killed at its first checkpoint holding a partial rollout: more chances
 
 
 def _with_partials(run: Path) -> Path | None:
