@@ -69,15 +69,15 @@ def floors(model, dtype: str, batch: int, threads: int | None = None) -> dict:
     weight_bytes = fig["params"] * width
     bw = memory_bandwidth()
     rate = matmul_rate(model.config.hidden_size, dtype)
-    step = max(weight_bytes / bw, 2 * fig["product_params"] * batch / rate)
+    memory_s, compute_s = weight_bytes / bw, 2 * fig["product_params"] * batch / rate  # per decode step
     return {
         "params": fig["params"],
         "weight_bytes": weight_bytes,
         "memory_bandwidth_gb_s": round(bw / 1e9, 2),
         "matmul_gflop_s": round(rate / 1e9, 1),
         "decode_batch": batch,
-        "decode_floor_tokens_per_s": round(batch / step, 1),
-        "decode_floor_bound": "memory" if weight_bytes / bw >= 2 * fig["product_params"] * batch / rate else "compute",
+        "decode_floor_tokens_per_s": round(batch / max(memory_s, compute_s), 1),
+        "decode_floor_bound": "memory" if memory_s >= compute_s else "compute",
         "train_floor_tokens_per_s": round(rate / (6 * fig["product_params"]), 1),
         "threads": torch.get_num_threads(),
     }

@@ -145,8 +145,9 @@ def run(args, overrides: list[str] | None = None) -> int:
         return 0
     print(f"{scored}: greedy accuracy {result.accuracy:.4f} on {n} prompts ({model})")
     for name, mean in result.components.items():  # the reward's own parts, when it returns a dict
-        given = result.accuracy_given.get(name, "")
+        line = f"  {name}: mean {mean:.4f}"
         if name in result.accuracy_given:
-            given = "; accuracy where it is 1: " + ("-" if given is None else f"{given:.4f}")
-        print(f"  {name}: mean {mean:.4f}{given}")
+            given = result.accuracy_given[name]
+            line += "; accuracy where it is 1: " + ("-" if given is None else f"{given:.4f}")
+        print(line)
     return 0

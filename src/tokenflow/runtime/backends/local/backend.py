@@ -10,6 +10,7 @@ import logging
 import multiprocessing.connection as mp_connection
 import queue
 
+from tokenflow.runtime.backends import trainer_start
 from tokenflow.runtime.backends.local import start as worker_start
 from tokenflow.runtime.workers.engine_worker import run_engine_worker
 from tokenflow.runtime.workers.messages import SetThreads, Shutdown
@@ -109,11 +110,7 @@ class LocalBackend:
     def replace_trainer(self, checkpoint=None) -> None:
         """Stop every trainer rank (one died; the others cannot go on without it) and start them
         again from ``checkpoint`` (a checkpoint folder; None: where this run's trainer started)."""
-        model, resume_dir = self._trainer_start
-        if checkpoint is not None:
-            resume_dir = str(checkpoint)
-            if self.cfg.trainer.lora_rank is None:  # LoRA adapters resume on the base model
-                model = str(checkpoint / "model")
+        model, resume_dir = trainer_start(self.cfg, self._trainer_start, checkpoint)
         rdv, q = self._rendezvous(), self._ctx.Queue()
         for rank, h in enumerate(self.trainer_ranks):
             h.renew(self._trainer_argv(rank, model, resume_dir, rdv, q), q if rank == 0 else self._ctx.Queue())

@@ -28,6 +28,7 @@ import time
 from collections import deque
 
 from tokenflow.runtime.workers.messages import Envelope, Shutdown, WorkerRestarted
+from tokenflow.runtime.backends import trainer_start
 from tokenflow.runtime.backends.ray.actors import WorkerActor, engine_body, trainer_body
 from tokenflow.errors import WorkerDied
 
@@ -208,19 +209,11 @@ class RayBackend:
         """Kill every trainer rank (one died; the others cannot go on without it) and start new
         actors in their placement from ``checkpoint`` (a checkpoint folder; None: where this
         run's trainer started), as the local backend does (``orchestrator/healing.py``)."""
-        for w in self.trainer_ranks:
-            try:
-                self.ray.kill(w.actor, no_restart=True)
-            except Exception:  # dead already
-                pass
-        model, resume_dir = self._trainer_start
-        if checkpoint is not None:
-            resume_dir = str(checkpoint)
-            if self.cfg.trainer.lora_rank is None:  # LoRA adapters resume on the base model
-                model = str(checkpoint / "model")
+        for w in self.trainer_ranks:  # the dead one too: killing a dead actor is a no-op
+            self.ray.kill(w.actor, no_restart=True)
         self._new_trainer_ranks()
         self._wait_placed(self.trainer_ranks)
-        self._start_trainer_ranks(model, resume_dir)
+        self._start_trainer_ranks(*trainer_start(self.cfg, self._trainer_start, checkpoint))
 
     def locked_engines(self) -> list[str]:
         """None: Ray's queues hold no lock a dead trainer could leave taken."""
