@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import textwrap
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
 from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
-from tokenflow.runtime.run.run_dir import RunDir
+from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
 
 pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
@@ -70,32 +71,55 @@ def test_an_environment_that_raises_fails_samples_not_the_run(tmp_path):
 AGENT = str(Path(__file__).parents[2] / "examples/agents/calculator_agent.py") + ":solve"
 
 
+STEPS = 16
+
+
+def _in_flight(ckpt: Path) -> set[int]:
+    """The groups a checkpoint saw in flight and not yet ready."""
+    buffer = json.loads((ckpt / "buffer.json").read_text())
+    return {g for g, _ in buffer["in_flight"]} - {g for g, _ in buffer["ready"]}
+
+
+def _with_episodes_in_flight(run: Path) -> Path | None:
+    """The first whole checkpoint (before the last step) that saw episodes in flight."""
+    for ckpt in RunDir(run).complete_checkpoints():
+        if int(ckpt.name.split("_")[-1]) < STEPS and verify_checkpoint(ckpt) is None and _in_flight(ckpt):
+            return ckpt
+    return None
+
+
 @pytest.mark.parametrize("agent", [None, AGENT], ids=["episodes", "agent-sessions"])
 def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a_prompt(tmp_path, agent):
     """Episodes, or agents' sessions, in flight when the run is killed are played again."""
     run = tmp_path / "run"
-    args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", "16",
-            "--run.checkpoint_every", "2", "--rollout.max_staleness", "2",
+    args = [*SMALL, *env_overrides(), "--output-dir", str(run), "--run.steps", str(STEPS),
+            "--run.checkpoint_every", "1", "--run.keep_checkpoints", "20", "--rollout.max_staleness", "2",
+            # One group's episodes at a time: generation is the bottleneck, so checkpoints find
+            # episodes mid-play (with 256 slots a fast machine finished every step's episodes
+            # before the trainer checkpointed, and the run was killed with none in flight).
+            "--engine.max_num_seqs", "4",
             *(["--task.agent", agent] if agent else [])]
     proc = start_cli(args, tmp_path / "first.log")
     try:
-        wait_until(lambda: len(step_rows(run)) >= 5 if (run / "metrics.jsonl").exists() else False,
-                   240, "five steps", proc)
+        wait_until(lambda: _with_episodes_in_flight(run) is not None, 240, "a checkpoint with episodes in flight",
+                   proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert len(step_rows(run)) < 16, "the run finished before it could be killed"
-    buffer = json.loads((RunDir(run).latest_checkpoint() / "buffer.json").read_text())
-    in_flight = {g for g, _ in buffer["in_flight"]} - {g for g, _ in buffer["ready"]}
+    ckpt = _with_episodes_in_flight(run)
+    for later in RunDir(run).complete_checkpoints():  # as if killed right after this checkpoint
+        if later > ckpt:
+            shutil.rmtree(later)
+    in_flight = _in_flight(ckpt)
     proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 16
+    assert summary["steps"] == STEPS
     # An episode's state (its environment, an agent's thread) cannot be kept: counted, played again.
     counts = summary["inflight_on_resume"]
     assert counts["unkeepable_rollouts"] == 4 * len(in_flight) > 0 and counts["kept_rollouts"] == 0, counts
-    assert [r["step"] for r in step_rows(run)] == list(range(1, 17))
+    assert [r["step"] for r in step_rows(run)] == list(range(1, STEPS + 1))
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
-    assert len(consumed) == len(set(consumed)) == 16 * 4
+    assert len(consumed) == len(set(consumed)) == STEPS * 4
     everything = sorted(consumed + summary["in_flight_prompt_ids"])
     assert everything == list(range(len(everything)))
