@@ -5,9 +5,10 @@
 
 Run it with tokenflow's own interpreter. Sides: ``trl`` (GRPOTrainer, in .venv-trl),
 ``tokenflow-sync`` (max_staleness 0) and ``tokenflow-async`` (the preset's max_staleness, 1).
-Workloads: ``default`` (the shipped model, up to 96 new tokens) and ``gen-heavy`` (a 3.4M-parameter
+Workloads: ``default`` (the shipped model, up to 96 new tokens), ``gen-heavy`` (a 3.4M-parameter
 model of the bench engine model's shape whose sampled completions have long-tailed lengths, up to
-256 new tokens; built once with `make_default_model --preset long-tail`). Every model, from either side, is scored by ``tokenflow eval`` on the same
+256 new tokens; built once with `make_default_model --preset long-tail`) and, when asked for,
+``smollm2`` (SmolLM2-135M-Instruct on examples/laptop_math with that example's config). Every model, from either side, is scored by ``tokenflow eval`` on the same
 held-out prompts. Prints a table; writes results.json, table.md and accuracy_vs_wall.png into
 --out. Settings and every remaining difference: benchmarks/trl/README.md.
 """
@@ -33,7 +34,8 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default="default,gen-heavy", help="comma-separated: default, gen-heavy")
+    ap.add_argument("--workloads", default="default,gen-heavy",
+                    help="comma-separated: default, gen-heavy, smollm2 (a real instruct model; slow)")
     ap.add_argument("--sides", default=",".join(SIDES), help="comma-separated: " + ", ".join(SIDES))
     ap.add_argument("--steps", type=int, default=60, help="optimizer steps per run (both sides)")
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds")
@@ -59,6 +61,15 @@ def workloads(args) -> dict[str, sides.Workload]:
         # and held-out accuracy collapsed; at 3e-5 a 30-step synchronous run rose 0.414 → 0.488.
         out["gen-heavy"] = sides.Workload("gen-heavy", path, 256,
                                           "3.4M-parameter long-tailed-length policy, up to 256 new tokens", lr=3e-5)
+    # The real model on examples/laptop_math, with that example's config on both sides: its chat
+    # template and system prompt, 8 prompts × 8, temperature 0.7, 64 new tokens, lr 2e-5 constant,
+    # bfloat16 autocast over float32 weights.
+    out["smollm2"] = sides.Workload("smollm2", "smollm2-135m-instruct", 64,
+                                    "SmolLM2-135M-Instruct on examples/laptop_math, up to 64 new tokens",
+                                    lr=2e-5, config="examples/laptop_math/config.toml")
+    unknown = set(args.workloads.split(",")) - set(out)
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(out)}")
     return {k: out[k] for k in args.workloads.split(",")}
 
 
@@ -94,7 +105,7 @@ def main(argv=None) -> int:
                     res = sides.run_tokenflow(w, seed, args.steps, folder, staleness=0 if side == "tokenflow-sync" else None,
                                               save_every=args.curve_every, eval_limit=args.eval_limit)
                 for p in res.points:
-                    p["accuracy"] = sides.evaluate(p["model"], w.max_tokens, args.eval_limit, scores)
+                    p["accuracy"] = sides.evaluate(p["model"], w, args.eval_limit, scores)
                 runs.append({"workload": w.name, **asdict(res), "final_accuracy": res.points[-1]["accuracy"],
                              "load_average": list(os.getloadavg())})
     rows = report.summarise(runs)
@@ -103,7 +114,8 @@ def main(argv=None) -> int:
         "settings": {"steps": args.steps, "seeds": seeds, "sides": chosen, "eval_limit": args.eval_limit,
                      "curve_every": args.curve_every, "trl_threads": args.trl_threads,
                      "workloads": {k: asdict(v) for k, v in chosen_workloads.items()},
-                     "prompts_per_step": 16, "group_size": 8, "schedule": "cosine to 0.1 × lr, no warmup"},
+                     "default_batch": "16 prompts × 8 samples, cosine to 0.1 × lr, no warmup",
+                     "config_batch": "the workload's config (smollm2: 8 × 8, constant lr)"},
         "skipped": skipped, "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()),
         "cpus": os.cpu_count(), "summary": rows, "runs": runs,
     }

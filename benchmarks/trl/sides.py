@@ -30,7 +30,11 @@ class Workload:
     max_tokens: int
     description: str
     lr: float = 3e-4
-    """Peak learning rate, both sides (cosine to 0.1 × it)."""
+    """Peak learning rate, both sides (cosine to 0.1 × it, or constant with ``config``)."""
+    config: str | None = None
+    """A tokenflow config file (relative to the repository) whose task, batch, sampling, precision
+    and schedule both sides take (``smollm2``: examples/laptop_math); None: the arithmetic task
+    with the preset's settings (16 prompts × 8, temperature 1, cosine to 0.1 × lr, float32)."""
 
 
 @dataclass
@@ -70,11 +74,11 @@ def build_trl_venv(venv: Path = TRL_VENV) -> Path:
 
 
 def resolve_model(model: str) -> str:
-    if model != "default":
-        return model
-    from tokenflow.model_store import resolve_model_path
+    """A model folder: ``model`` itself, or the folder of a shipped name ("default",
+    "smollm2-135m-instruct"; TRL's side loads folders only)."""
+    from tokenflow.model_store import MODEL_NAMES, resolve_model_path
 
-    return resolve_model_path("default")
+    return resolve_model_path(model) if model in MODEL_NAMES else model
 
 
 def build_gen_heavy_model(out: Path, steps: int | None = None) -> Path:
@@ -93,7 +97,8 @@ def build_gen_heavy_model(out: Path, steps: int | None = None) -> Path:
 
 def _run(args: list[str], what: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``args``; on failure raise with the tail of its error output."""
-    r = subprocess.run(args, env=_env(**(env_extra or {})), capture_output=True, text=True)
+    # From the repository root: a workload's config names its files relative to it.
+    r = subprocess.run(args, env=_env(**(env_extra or {})), capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {r.returncode}): {' '.join(args)}\n{r.stderr[-3000:]}")
     return r
@@ -111,8 +116,9 @@ def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: i
                   eval_limit: int | None) -> RunResult:
     """`tokenflow train` (the preset's run: 16 × 8 samples, lr cosine to 0.1×) on workload ``w``;
     ``staleness`` None keeps the preset's max_staleness."""
-    args = [sys.executable, "-m", "tokenflow.cli.main", "train", "--run.output_dir", str(out),
-            "--run.steps", str(steps), "--run.seed", str(seed), "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
+    args = [sys.executable, "-m", "tokenflow.cli.main", "train", *([w.config] if w.config else []),
+            "--run.output_dir", str(out), "--run.steps", str(steps), "--run.seed", str(seed),
+            "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
             "--run.checkpoint_every", str(save_every), "--run.keep_checkpoints", "1000",
             "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
     if staleness is not None:
@@ -148,8 +154,8 @@ def run_trl(python: Path, w: Workload, seed: int, steps: int, out: Path, *, save
     saves = ",".join(str(s) for s in range(save_every, steps, save_every)) if save_every else ""
     args = [str(python), str(Path(__file__).with_name("trl_side.py")), "--model", resolve_model(w.model),
             "--out", str(out), "--steps", str(steps), "--seed", str(seed), "--max-tokens", str(w.max_tokens),
-            "--lr", str(w.lr),
-            "--threads", str(threads), "--save-steps", saves]
+            "--lr", str(w.lr), "--threads", str(threads), "--save-steps", saves,
+            *(["--config", str(ROOT / w.config)] if w.config else [])]
     t0 = time.perf_counter()
     # Threads that wait sleep instead of spinning: with spinning, two torch threads on a shared
     # machine took 17 s per step against 2.6 s (load average 4).
@@ -160,26 +166,25 @@ def run_trl(python: Path, w: Workload, seed: int, steps: int, out: Path, *, save
     points += [{"step": m["step"], "wall_s": m["wall_s"], "model": m["checkpoint"]} for m in res["marks"] if "checkpoint" in m]
     points.append({"step": steps, "wall_s": res["train_wall_s"], "model": str(out / "model")})
     return RunResult("trl", seed, res["steps"], res["train_wall_s"], process_wall, res["completion_tokens"], points,
-                     {"versions": res["versions"], "threads": threads,
-                      "prompts_in_stream_order": res["step_prompts"] == stream_prompts(steps)})
+                     {"versions": res["versions"], "threads": threads, "settings": res["settings"],
+                      # TRL's batches hold the stream's prompts, in order (it must not shuffle)
+                      "prompts_in_stream_order": res["step_prompts"] == stream_ids(steps, res["settings"]["prompts_per_step"])})
 
 
-def stream_prompts(steps: int, per_step: int = 16) -> list[list[str]]:
-    """The prompt texts tokenflow's steps train on: the arithmetic training stream, in order."""
-    from tokenflow.tasks.arithmetic import ArithmeticTask
-
-    task = ArithmeticTask(seed=0)
-    return [[task.train_prompt(s * per_step + i).text for i in range(per_step)] for s in range(steps)]
+def stream_ids(steps: int, per_step: int) -> list[list[int]]:
+    """The prompt ids tokenflow's steps train on: the training stream's positions, in order."""
+    return [list(range(s * per_step, (s + 1) * per_step)) for s in range(steps)]
 
 
 # ---- scoring --------------------------------------------------------------------------------------
 
-def evaluate(model: str, max_tokens: int, limit: int | None, cache: dict) -> float:
-    """Held-out greedy accuracy by `tokenflow eval` (the arithmetic task's held-out split)."""
-    key = (model, max_tokens, limit)
+def evaluate(model: str, w: Workload, limit: int | None, cache: dict) -> float:
+    """Held-out greedy accuracy by `tokenflow eval` (the workload's task: the arithmetic task's
+    held-out split, or the config's held-out file through its chat template)."""
+    key = (model, w.max_tokens, limit, w.config)
     if key not in cache:
         args = [sys.executable, "-m", "tokenflow.cli.main", "eval", model, "--json",
-                "--sampling.max_tokens", str(max_tokens)]
+                *(["--config", w.config] if w.config else []), "--sampling.max_tokens", str(w.max_tokens)]
         if limit:
             args += ["--limit", str(limit)]
         out = _run(args, f"tokenflow eval {model}").stdout
