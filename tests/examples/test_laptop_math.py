@@ -90,3 +90,11 @@ def test_tokenflow_eval_prints_the_components(tmp_path):
     assert out["prompts"] == 24 and set(out["components"]) == {"format"}
     fmt, given = out["components"]["format"], out["accuracy_given"]["format"]
     assert out["accuracy"] == pytest.approx(fmt * given) and fmt > 0
+    # The text form prints the same numbers, one unwrapped line per component.
+    text = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "eval", "default", "--limit", "24",
+                           "--config", "examples/custom_task/config.toml"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert text.returncode == 0, text.stderr[-2000:]
+    lines = text.stdout.splitlines()
+    assert f"greedy accuracy {out['accuracy']:.4f} on 24 prompts" in lines[0]
+    assert f"  format: mean {fmt:.4f}; accuracy where it is 1: {given:.4f}" in lines

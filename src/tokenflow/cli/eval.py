@@ -143,11 +143,16 @@ def run(args, overrides: list[str] | None = None) -> int:
                           "accuracy": result.accuracy, "components": result.components,
                           "accuracy_given": result.accuracy_given}))
         return 0
-    print(f"{scored}: greedy accuracy {result.accuracy:.4f} on {n} prompts ({model})")
+    from rich.console import Console
+
+    # The command's result, on stdout through the console UI: no markup, no highlighting, and
+    # lines never wrapped (scripts read them).
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"{scored}: greedy accuracy {result.accuracy:.4f} on {n} prompts ({model})", markup=False)
     for name, mean in result.components.items():  # the reward's own parts, when it returns a dict
         line = f"  {name}: mean {mean:.4f}"
         if name in result.accuracy_given:
             given = result.accuracy_given[name]
             line += "; accuracy where it is 1: " + ("-" if given is None else f"{given:.4f}")
-        print(line)
+        console.print(line, markup=False)
     return 0
