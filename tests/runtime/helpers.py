@@ -74,3 +74,13 @@ def kill_after_steps(run_dir: Path, worker: str, steps: int, killed: dict, timeo
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
     return thread
+
+
+def first_checkpoint(run_dir: Path, steps: int, holds) -> Path | None:
+    """The first whole checkpoint before the run's last step (``steps``) for which ``holds(ckpt)``."""
+    from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
+
+    for ckpt in RunDir(run_dir).complete_checkpoints():
+        if int(ckpt.name.split("_")[-1]) < steps and verify_checkpoint(ckpt) is None and holds(ckpt):
+            return ckpt
+    return None

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import SMALL, ledger, small_config, start_cli, step_rows, wait_until
+from tests.runtime.helpers import SMALL, first_checkpoint, ledger, small_config, start_cli, step_rows, wait_until
 from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
-from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
+from tokenflow.runtime.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 
@@ -82,10 +82,7 @@ def _in_flight(ckpt: Path) -> set[int]:
 
 def _with_episodes_in_flight(run: Path) -> Path | None:
     """The first whole checkpoint (before the last step) that saw episodes in flight."""
-    for ckpt in RunDir(run).complete_checkpoints():
-        if int(ckpt.name.split("_")[-1]) < STEPS and verify_checkpoint(ckpt) is None and _in_flight(ckpt):
-            return ckpt
-    return None
+    return first_checkpoint(run, STEPS, _in_flight)
 
 
 @pytest.mark.parametrize("agent", [None, AGENT], ids=["episodes", "agent-sessions"])

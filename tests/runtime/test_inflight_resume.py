@@ -13,26 +13,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runtime.helpers import SMALL, ledger, start_cli, step_rows, wait_until
+from tests.runtime.helpers import SMALL, first_checkpoint, ledger, start_cli, step_rows, wait_until
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.run.inflight_files import read_inflight
-from tokenflow.runtime.run.run_dir import RunDir, verify_checkpoint
+from tokenflow.runtime.run.run_dir import RunDir
 
 pytestmark = pytest.mark.slow  # real processes
 
 STEPS = 12  # the first run is killed at its first checkpoint holding a partial rollout: more chances
 
 
+def _holds_a_partial(ckpt: Path) -> bool:
+    groups, _, _ = read_inflight(ckpt, int(ckpt.name.split("_")[-1]))
+    return any(r.finish_reason == "abort" for rs in groups.values() for r in rs)
+
+
 def _with_partials(run: Path) -> Path | None:
     """The first whole checkpoint (before the last step) that kept a partial rollout."""
-    for ckpt in RunDir(run).complete_checkpoints():
-        step = int(ckpt.name.split("_")[-1])
-        if step >= STEPS or verify_checkpoint(ckpt) is not None:
-            continue
-        groups, _, _ = read_inflight(ckpt, step)
-        if any(r.finish_reason == "abort" for rs in groups.values() for r in rs):
-            return ckpt
-    return None
+    return first_checkpoint(run, STEPS, _holds_a_partial)
 
 
 @pytest.mark.timeout(240)
