@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 
 import pytest
@@ -63,3 +64,17 @@ def test_bad_reward_specs_are_refused(tmp_path, reward_file):
         load_reward_fn(f"{reward_file}:missing")
     with pytest.raises(RewardFunctionError, match="lambda"):
         check_picklable(lambda p, c, e: 1.0)
+
+
+def test_a_reward_file_puts_its_folder_on_the_path_once_and_a_broken_one_leaves_none(tmp_path, reward_file, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = list(sys.path)
+    load_reward_fn(f"{reward_file}:exact")
+    load_reward_fn(f"{reward_file}:exact")
+    assert sys.path == [str(reward_file.parent)] + before  # workers import it by name, from there
+    broken = tmp_path / "elsewhere" / "broken_reward.py"
+    broken.parent.mkdir()
+    broken.write_text("def score(:\n")
+    with pytest.raises(RewardFunctionError, match="fails to import"):
+        load_reward_fn(f"{broken}:score")
+    assert str(broken.parent) not in sys.path and len(sys.path) == len(before) + 1

@@ -23,19 +23,29 @@ class RewardFunctionError(ValueError):
 
 
 def _import_file(path: Path, what: str, error: type[Exception]):
-    # Import under a stable module name and make its folder importable for the workers.
-    sys.path.insert(0, str(path.parent))
+    # Import under a stable module name and make its folder importable for the workers. The
+    # folder goes on sys.path once, and comes off again when the file cannot be imported: a
+    # process that tries many files (a server, a test session) keeps no trail of them.
+    folder = str(path.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     module_name = path.stem
     spec_ = importlib.util.spec_from_file_location(module_name, path)
-    if spec_ is None or spec_.loader is None:
-        raise error(f"{what} file {str(path)!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec_)
-    sys.modules[module_name] = module
+    module = None if spec_ is None or spec_.loader is None else importlib.util.module_from_spec(spec_)
     try:
-        spec_.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
-        sys.modules.pop(module_name, None)
-        raise error(f"{what} file {str(path)!r} fails to import ({_first_line(e)}); fix the file") from None
+        if module is None:
+            raise error(f"{what} file {str(path)!r} cannot be imported as a Python module")
+        sys.modules[module_name] = module
+        try:
+            spec_.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
+            sys.modules.pop(module_name, None)
+            raise error(f"{what} file {str(path)!r} fails to import ({_first_line(e)}); fix the file") from None
+    except BaseException:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+        raise
     return module
 
 
