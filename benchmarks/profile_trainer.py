@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(m['perf/micro_batches'] for m in metrics) / n:.1f} micro-batches/step, "
           f"{sum(m['perf/sequences'] for m in metrics) / n:.0f} sequences/step, "
           f"mean reward {sum(rewards_mean) / n:.3f}")
+    print("  per step: " + ", ".join(f"{w:.1f} s ({m['perf/train_tokens']:.0f} tokens)" for w, m in zip(walls, metrics)))
     for key in ("perf/skipped_sequences", "perf/skipped_tokens"):
         if key in metrics[0]:
             print(f"  {key}: {sum(m[key] for m in metrics) / n:.1f} per step")

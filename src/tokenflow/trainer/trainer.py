@@ -37,6 +37,7 @@ from tokenflow.metrics.trace import span
 from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
 from tokenflow.trainer.config import TrainerConfig, check_compatible
+from tokenflow.trainer.host_memory import keep_freed_memory
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
@@ -85,6 +86,8 @@ class Trainer(NoGradPasses, PolicyWeights):
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu" and config.keep_host_memory:
+            keep_freed_memory()
         load = dict(trust_remote_code=config.trust_remote_code,
                     attn_implementation=config.attn_implementation, device=self.device)
         self.model = load_causal_lm(model, **load)
