@@ -100,7 +100,7 @@ class TrainerConfig(ConfigModel):
     keep_host_memory: bool = True
     """On a CPU trainer, keep the memory a step frees for the next step instead of giving it back
     to the operating system (glibc's malloc: no trimming, no mmap for large blocks;
-    `tokenflow.trainer.host_memory`). Steps then stop paying a page fault for every fresh 4 KB of
+    `tokenflow.trainer.model.keep_freed_memory`). Steps then stop paying a page fault for every fresh 4 KB of
     activations; the process holds a step's peak memory. Off: memory goes back after each step."""
 
     attn_implementation: str = "sdpa"

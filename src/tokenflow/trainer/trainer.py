@@ -37,7 +37,6 @@ from tokenflow.metrics.trace import span
 from tokenflow.rollout import Rollout
 from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
 from tokenflow.trainer.config import TrainerConfig, check_compatible
-from tokenflow.trainer.host_memory import keep_freed_memory
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
@@ -45,6 +44,7 @@ from tokenflow.trainer.model import (
     CausalLMRunner,
     enable_checkpointing,
     frozen_copy,
+    keep_freed_memory,
     load_causal_lm,
     stochastic_parts,
     use_fp32_lm_head,
