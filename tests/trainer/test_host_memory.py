@@ -14,17 +14,15 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 
-# Build a Trainer (or not), then free and re-take a 64 MB tensor: glibc maps blocks over its mmap
+# Build a Trainer, then free and re-take a 64 MB tensor: glibc maps blocks over its mmap
 # threshold (at most 32 MB) and unmaps them on free, so the second block costs 16,384 faults.
 _PROBE = textwrap.dedent("""
     import json, resource, sys
     import torch
-    keep = sys.argv[1]
-    if keep != "none":
-        from tests.trainer.trainer_helpers import tiny_model
-        from tokenflow.algorithms import AlgorithmConfig
-        from tokenflow.trainer import Trainer, TrainerConfig
-        Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=keep == "on"), AlgorithmConfig())
+    from tests.trainer.trainer_helpers import tiny_model
+    from tokenflow.algorithms import AlgorithmConfig
+    from tokenflow.trainer import Trainer, TrainerConfig
+    Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=sys.argv[1] == "on"), AlgorithmConfig())
     pages = (64 << 20) // 4096
     torch.ones(pages * 1024)  # 64 MB, touched, then freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -41,6 +39,7 @@ def _faults(keep: str) -> tuple[int, int]:
     return out["faults"], out["pages"]
 
 
+@pytest.mark.slow  # two fresh processes that import torch
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
 def test_a_cpu_trainer_reuses_freed_memory_without_page_faults():
     on, pages = _faults("on")

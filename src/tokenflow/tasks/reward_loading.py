@@ -10,6 +10,7 @@ start, with a message saying what to do instead.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -30,22 +31,27 @@ def _import_file(path: Path, what: str, error: type[Exception]):
     added = folder not in sys.path
     if added:
         sys.path.insert(0, folder)
+    try:
+        return _exec_file(path, what, error)
+    except BaseException:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+        raise
+
+
+def _exec_file(path: Path, what: str, error: type[Exception]):
     module_name = path.stem
     spec_ = importlib.util.spec_from_file_location(module_name, path)
-    module = None if spec_ is None or spec_.loader is None else importlib.util.module_from_spec(spec_)
+    if spec_ is None or spec_.loader is None:
+        raise error(f"{what} file {str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules[module_name] = module
     try:
-        if module is None:
-            raise error(f"{what} file {str(path)!r} cannot be imported as a Python module")
-        sys.modules[module_name] = module
-        try:
-            spec_.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
-            sys.modules.pop(module_name, None)
-            raise error(f"{what} file {str(path)!r} fails to import ({_first_line(e)}); fix the file") from None
-    except BaseException:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
-        raise
+        spec_.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything while importing
+        sys.modules.pop(module_name, None)
+        raise error(f"{what} file {str(path)!r} fails to import ({_first_line(e)}); fix the file") from None
     return module
 
 

@@ -10,7 +10,6 @@ keeps the memory its steps free (`keep_freed_memory`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import inspect
 import logging
 import sys
@@ -213,15 +212,15 @@ def keep_freed_memory() -> bool:
     A step allocates and frees the same few GB of activations every time. glibc gives large
     freed blocks back to the kernel (``munmap``, trimming the top of the heap), so the next step
     touches fresh pages and pays a page fault per 4 KB; where faults are dear (a virtual machine:
-    7-35 µs each here) that is seconds per step. SmolLM2-135M, 4,096 tokens under bfloat16
+    6-35 µs each here) that is seconds per step. SmolLM2-135M, 4,096 tokens under bfloat16
     autocast, one thread: the forward took 13-19 s while the heap grew (2M faults) and 4 s after
     (none). With both off, the heap grows to a step's peak once and is reused; the process keeps
     that peak resident (it reaches it every step anyway)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols, libc's among them (find_library would run ldconfig).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
