@@ -13,8 +13,8 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 python -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0), 'vLLM', vllm.__version__)"
 
-TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider tests/engine/test_conformance.py 2>&1 | tee "$out/conformance.log"
-TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -s -rs -p no:cacheprovider tests/engine/test_vllm_routing.py 2>&1 | tee "$out/vllm_routing.log"
+TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -n 0 -p no:cacheprovider tests/engine/test_conformance.py 2>&1 | tee "$out/conformance.log"
+TOKENFLOW_TEST_DEVICE=cuda python -m pytest -q -n 0 -s -rs -p no:cacheprovider tests/engine/test_vllm_routing.py 2>&1 | tee "$out/vllm_routing.log"
 
 model="$out/random_0p5b"
 python - "$model" <<'PY'

@@ -13,7 +13,7 @@ import pytest
 from tests.scoring import sandbox_attack_kit as kit
 
 ROOT = Path(__file__).parents[2]
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(60)]  # kit.Leftovers sees the whole machine
 ROW = {"entry_point": "solve", "tests": ["assert solve() == 1", "assert solve() != 1", "assert False"]}
 HONEST_MAX = 1 / 3
 

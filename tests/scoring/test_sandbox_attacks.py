@@ -20,7 +20,7 @@ from tests.scoring import sandbox_attack_kit as kit
 from tests.scoring.sandbox_bait import limits
 from tokenflow.scoring.sandbox import bwrap, run_program
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive, pytest.mark.timeout(90)]
 
 LIMITS = dict(wall_s=10.0, cpu_s=5, memory_mb=512, file_mb=4, processes=16, output_bytes=64 << 10,
               workdir_mb=16, workdir_files=2000)
