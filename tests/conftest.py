@@ -14,17 +14,31 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
 
 
-def _lock_files() -> tuple[Path, Path] | None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id shared by the workers of one run
+def _lock_files(run: str | None = None) -> tuple[Path, Path] | None:
+    run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id shared by the workers of one run
     if run is None:
         return None
     base = Path(tempfile.gettempdir()) / f"tokenflow-tests-{run}"
     return base.with_suffix(".turnstile"), base.with_suffix(".lock")
+
+
+def pytest_configure(config):
+    # The controller names the run itself (xdist would make up an id it keeps to itself), so
+    # that it can remove the lock files once every worker has finished.
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", None):
+        for path in _lock_files(config.option.testrunuid):
+            path.unlink(missing_ok=True)
 
 
 def _exclusive(item) -> bool:
