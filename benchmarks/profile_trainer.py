@@ -31,7 +31,7 @@ import torch
 
 def _generate(engine, task, tokenizer, cfg, cursor: int):
     from tokenflow.engine import SamplingParams
-    from tokenflow.evaluation import prompt_encoder
+    from tokenflow.tasks.prompts import prompt_encoder
     from tokenflow.runtime.orchestrator.seeds import request_seed
 
     s, r = cfg.sampling, cfg.rollout
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflow.model_store import resolve_model_path
     from tokenflow.tasks import build_task
     from tokenflow.trainer import Trainer
+    import tokenflow.trainer.stepping as stepping_module
     import tokenflow.trainer.trainer as trainer_module
 
     overrides = [x for o in args.override for x in (f"--{o.split('=', 1)[0]}", o.split("=", 1)[1])]
@@ -98,12 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     task = build_task(cfg.task)
     engine = make_engine(model, cfg.engine)
     trainer = Trainer(model, cfg.trainer, cfg.algorithm, tokenizer=tokenizer)
-    for name, label in [("_sequences", "1 sequences"), ("_no_grad_pass", "2 prox/value pass"),
-                        ("_micro_batches", "4 pack micro-batches"), ("_forward_backward", "5 forward+loss+backward"),
-                        ("_optimizer_step", "6 optimizer")]:
-        _label(trainer, name, label)
+    for obj, name, label in [(trainer, "_sequences", "1 sequences"), (trainer.passes, "prox_and_values", "2 prox/value pass"),
+                             (trainer.stepper, "forward_backward", "5 forward+loss+backward"),
+                             (trainer.stepper, "optimizer_step", "6 optimizer")]:
+        _label(obj, name, label)
+    batcher = trainer.batcher
+
+    def labelled_batcher(seqs):
+        with torch.profiler.record_function("4 pack micro-batches"):
+            return batcher(seqs)
+
+    trainer.batcher = trainer.passes.batcher = labelled_batcher
     _wrap_module_fn(trainer_module, "compute_advantages", "3 advantages")
-    _wrap_module_fn(trainer_module, "micro_batch_loss", "5b loss terms")
+    _wrap_module_fn(stepping_module, "micro_batch_loss", "5b loss terms")
     runner = trainer.runner
     _label(runner, "logprobs", "5a forward (model + log-probs)")
 
@@ -120,14 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     walls, metrics, padded, zero_groups, rewards_mean = [], [], [], [], []
     ops: dict[str, list[float]] = {}  # operator → [self CPU µs, calls], train_step only
     prof = cProfile.Profile() if args.cprofile else None
-    orig_micro_batches = trainer._micro_batches
+    orig_micro_batches = trainer.batcher
 
     def counting(seqs):
         mbs = orig_micro_batches(seqs)
         padded.append(sum(int(mb.input_ids.numel()) for mb in mbs))
         return mbs
 
-    trainer._micro_batches = counting
+    trainer.batcher = trainer.passes.batcher = counting
     for _ in range(args.steps):
         rollouts = _generate(engine, task, tokenizer, cfg, cursor)
         cursor += cfg.rollout.prompts_per_step

@@ -3,7 +3,7 @@
 
     pip install -e ".[test,mutation]"
     python scripts/mutation.py                 # every module in pyproject's [tool.tokenflow.mutation.modules]
-    python scripts/mutation.py shaping layout  # some of them
+    python scripts/mutation.py overlong layout  # some of them
     python scripts/mutation.py --list          # the modules and their tests
 
 Each module runs in its own folder, ``.mutation/<module>/`` (git-ignored), holding links to

@@ -89,7 +89,7 @@ def build_gen_heavy_model(out: Path, steps: int | None = None) -> Path:
     tail while greedy answers stay short."""
     if (out / "config.json").is_file():
         return out
-    cmd = [sys.executable, "-m", "tokenflow.tools.make_default_model", "--preset", "long-tail", "--out", str(out),
+    cmd = [sys.executable, "-m", "tokenflow.shipped_models.make_default_model", "--preset", "long-tail", "--out", str(out),
            "--threads", "2"] + (["--steps", str(steps), "--eval-every", str(steps)] if steps else [])
     _run(cmd, "building the generation-heavy model")
     return out

@@ -47,7 +47,7 @@ def from_config(args, tokenizer):
     (checked); the batch, temperature, schedule and precision replace the arithmetic defaults."""
     import tomllib
 
-    from tokenflow.evaluation import chat_prompt_ids
+    from tokenflow.tasks.prompts import chat_prompt_ids
     from tokenflow.tasks.dataset import DatasetTask
 
     cfg = tomllib.loads(args.config.read_text())

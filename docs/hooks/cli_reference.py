@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 def on_files(files, config):
     if str(SRC) not in sys.path:
         sys.path.insert(0, str(SRC))
-    from tokenflow.tools.cli_reference import markdown
+    from tokenflow.cli.reference import markdown
 
     files.append(File.generated(config, "reference/cli.md", content=markdown()))
     return files

@@ -2,6 +2,9 @@
 
 ``import tokenflow`` is kept light: heavy libraries (torch, transformers, ray, matplotlib) load
 only when the object that needs them is first used.
+
+May import: ``tokenflow._lazy`` alone when imported; each public name (``_LAZY``) imports its
+module, of whatever layer, on first use.
 """
 
 from __future__ import annotations

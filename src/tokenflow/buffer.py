@@ -65,6 +65,16 @@ class BufferStats:
     """Token age at consumption (trainer version − token version) → token count."""
 
 
+def admission_capacity(engine_version: int, max_staleness: int, rollouts_per_step: int,
+                       rollouts_admitted: int) -> int:
+    """The admission rule (the module docstring): rollouts that may still be admitted when
+    ``rollouts_admitted`` have been (and not dropped) and the engines have loaded
+    ``engine_version``, under a staleness budget of ``max_staleness``. A group of G rollouts is
+    admitted when this is at least G. The buffer and the capacity simulator
+    (``tokenflow.sim.buffer``) both admit by it."""
+    return (engine_version + max_staleness + 1) * rollouts_per_step - rollouts_admitted
+
+
 def uninformative(group: list[Rollout]) -> bool:
     """DAPO's test: whether the group's scored samples (at least one) are all correct or all
     wrong, i.e. not 0 < #correct < #scored. Correct is a task reward ≥ ``CORRECT_REWARD``
@@ -141,8 +151,8 @@ class RolloutBuffer:
 
     def capacity(self) -> int:
         """Rollouts that may be admitted now without exceeding the staleness budget."""
-        limit = (self.engine_version + self.max_staleness + 1) * self.rollouts_per_step
-        return limit - self.rollouts_admitted
+        return admission_capacity(self.engine_version, self.max_staleness, self.rollouts_per_step,
+                                  self.rollouts_admitted)
 
     def can_admit(self, now: float | None = None) -> bool:
         ok = self.capacity() >= self.group_size

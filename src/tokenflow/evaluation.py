@@ -2,57 +2,25 @@
 
 Accuracy is the fraction of eval prompts whose greedy completion gets reward ≥ 0.5
 (``tokenflow.rollout.CORRECT_REWARD``, the threshold dynamic sampling counts correct samples
-with; for the 0/1 rewards of verifiable tasks, the fraction solved).
+with; for the 0/1 rewards of verifiable tasks, the fraction solved). Prompts are encoded by
+`tokenflow.tasks.prompts.prompt_encoder`, as in training.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tokenflow.rollout import CORRECT_REWARD
 from tokenflow.tasks.base import Task
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Prompt token ids: BOS (when the tokenizer has one and does not add it itself) + text."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = tokenizer.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
-
-
-def chat_prompt_ids(tokenizer, text: str, system_prompt: str | None = None) -> list[int]:
-    """``text`` as one user message (after ``system_prompt``, if any) in the tokenizer's chat
-    template, with the generation prompt: the ids the model's answer follows."""
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": text})
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    # transformers 5 returns a BatchEncoding unless return_dict=False (and some tokenizers still
-    # do); older ones a list, or a batch of one.
-    if isinstance(out, Mapping):
-        out = out["input_ids"]
-    if len(out) and isinstance(out[0], (list, tuple)):
-        out = out[0]
-    return [int(t) for t in out]
-
-
-def prompt_encoder(tokenizer, task_config=None) -> Callable[[str], list[int]]:
-    """How a task's prompt texts become token ids, for training, held-out evaluation, the
-    synchronous loop, preflight and ``tokenflow eval`` alike: through the chat template when
-    ``task.chat_template`` is on (with ``task.system_prompt``), else `encode_prompt`."""
-    if task_config is not None and getattr(task_config, "chat_template", False):
-        system = getattr(task_config, "system_prompt", None)
-        return lambda text: chat_prompt_ids(tokenizer, text, system)
-    return lambda text: encode_prompt(tokenizer, text)
+from tokenflow.tasks.prompts import prompt_encoder
 
 
 def accuracy_of(generate: Callable[[list[list[int]]], list[str]], tokenizer, task: Task,
                 limit: int | None = None, encode: Callable[[str], list[int]] | None = None) -> float:
-    """``encode``: a `prompt_encoder` (default: the tokenizer's plain `encode_prompt`)."""
+    """``encode``: a `tokenflow.tasks.prompts.prompt_encoder` (default: the tokenizer's plain
+    `encode_prompt`)."""
     return evaluate(generate, tokenizer, task, limit, encode).accuracy
 
 

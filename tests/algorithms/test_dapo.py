@@ -7,7 +7,7 @@ import pytest
 
 from tokenflow.buffer import DynamicSampling, RolloutBuffer, uninformative
 from tokenflow.rollout import CORRECT_REWARD, Rollout
-from tokenflow.scoring.shaping import model_turn_lengths, shape_overlong
+from tokenflow.scoring.overlong import model_turn_lengths, shape_overlong
 
 
 def sample(n: int, reward: float | None, gid: int = 0, i: int = 0) -> Rollout:

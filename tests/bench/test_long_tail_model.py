@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import pytest
 
-from tokenflow.tools.make_default_model import PRESETS, build_config, filler_length
+from tokenflow.shipped_models.make_default_model import PRESETS, build_config, filler_length
 
 
 def test_filler_lengths_are_mostly_none_with_a_long_capped_tail():

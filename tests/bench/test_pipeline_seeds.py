@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import SMALL
+from tests.runtime.runtime_testlib import SMALL
 
 ROOT = Path(__file__).parents[2]
 

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from tests.bench.test_pipeline_seeds import bench
-from tests.runtime.helpers import SMALL
+from tests.runtime.runtime_testlib import SMALL
 from tokenflow.bench.pipeline_staleness import parse_staleness
 
 

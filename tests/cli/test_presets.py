@@ -11,7 +11,7 @@ import pytest
 
 from tokenflow.config.loading import ConfigError, load_config
 from tokenflow.config.root import TrainConfig
-from tokenflow.trainer.config import TrainerConfig
+from tokenflow.config.trainer import TrainerConfig
 
 
 def tokenflow(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tests.distributed.ranks import CASES, STEPS, build, fsdp_rank
+from tests.distributed.ranks_testlib import CASES, STEPS, build, fsdp_rank
 from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer import Trainer
 

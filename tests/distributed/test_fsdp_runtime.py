@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.helpers import ledger, small_config, step_rows
+from tests.runtime.runtime_testlib import ledger, small_config, step_rows
 from tokenflow.runtime.launch import train
 from tokenflow.model_store import resolve_model_path
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop

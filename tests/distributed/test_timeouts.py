@@ -8,7 +8,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tests.distributed.ranks import silent_rank
+from tests.distributed.ranks_testlib import silent_rank
 from tokenflow.sync.factory import make_sender
 from tokenflow.sync.broadcast import free_port
 from tokenflow.trainer.distributed import RankGroup, RankTimeout, Rendezvous

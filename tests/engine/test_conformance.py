@@ -455,11 +455,24 @@ def test_bad_request_is_refused_and_changes_nothing(engine, bad):
     assert r.request_id == rid and r.num_tokens == 6
 
 
-def test_vllm_refuses_truncated_sampling_it_cannot_describe(engine):
-    if engine.backend_name != "vllm":
-        pytest.skip("only the vLLM backend lacks the sampling mask")
+def test_a_backend_without_sampling_masks_refuses_truncated_sampling(engine):
+    if engine.capabilities.sampling_masks:
+        pytest.skip("this backend keeps the sampling mask (test_sampler covers its truncated sampling)")
     with pytest.raises(InvalidRequest, match="sampling mask"):
         engine.add_request(PROMPTS[0], SamplingParams(top_p=0.9))
+
+
+def test_capabilities_are_declared_once():
+    """Every registered backend's class exposes the record its `ENGINES` entry carries (the one
+    the config and the runtime read), without the backend's library installed."""
+    from tokenflow.engine.backends import ENGINES, EngineCapabilities, capabilities_of
+
+    assert {"builtin", "vllm"} <= set(ENGINES.names())
+    for name in ENGINES.names():
+        caps = capabilities_of(name)
+        assert isinstance(caps, EngineCapabilities)
+        assert ENGINES.get(name).capabilities is caps, name
+        assert set(caps.update_modes) <= {"inflight", "abort", "drain", "blocking"}
 
 
 @pytest.mark.parametrize("breakage", ["missing", "unexpected", "misshaped", "checksum"])

@@ -13,7 +13,7 @@ import torch
 from tests.engine.engine_testlib import FAMILIES, LogitsRecorder, hf_logits, hf_model, make_engine
 from tests.engine.moe_testlib import moe_hf_model
 from tokenflow.engine import InvalidRequest, SamplingParams
-from tokenflow.engine.sampler import counter_uniform
+from tokenflow.engine.builtin.sampler import counter_uniform
 
 PROMPT = list(range(10, 22))
 ENV = ([5, 6, 7], [8, 9])

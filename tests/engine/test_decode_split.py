@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tokenflow.engine.model_runner as model_runner
+import tokenflow.engine.builtin.model_runner as model_runner
 from tokenflow.engine import SamplingParams
-from tokenflow.engine.models.attention import decode_split
+from tokenflow.engine.builtin.models.attention import decode_split
 from tests.engine.engine_testlib import FAMILIES, LogitsRecorder, hf_logits, hf_model, make_engine
 
 

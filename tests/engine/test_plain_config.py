@@ -15,13 +15,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
-from tokenflow.engine.models.rope import rope_parameters
+from tokenflow.engine.builtin.models.rope import rope_parameters
 from tokenflow.engine.loading.plain_config import PlainConfig, read_plain_llama_config
 from tokenflow.model_store import resolve_model_path
 
 from .engine_testlib import VOCAB, family_config, randomize
 
-# Every config attribute the built-in engine reads (engine/models, llm_engine, loader), by name.
+# Every config attribute the built-in engine reads (engine/builtin/models, llm_engine, loader), by name.
 ENGINE_READS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
                 "max_position_embeddings", "rms_norm_eps", "vocab_size", "tie_word_embeddings",

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tokenflow.engine import InvalidRequest, SamplingParams
-from tokenflow.engine.sampler import Sampler, SamplingBatch, counter_uniform
-from tokenflow.engine.sequence import Sequence
+from tokenflow.engine.builtin.sampler import Sampler, SamplingBatch, counter_uniform
+from tokenflow.engine.builtin.sequence import Sequence
 
 V = 50
 

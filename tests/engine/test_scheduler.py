@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tokenflow.engine.cache.kv_cache import SlotAllocator, grown
+from tokenflow.engine.builtin.cache.kv_cache import SlotAllocator, grown
 from tokenflow.engine.sampling_params import SamplingParams
-from tokenflow.engine.scheduler import Scheduler
-from tokenflow.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from tokenflow.engine.builtin.scheduler import Scheduler
+from tokenflow.engine.builtin.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 def group(rid: str, prompt_len: int = 4, n: int = 1, max_tokens: int = 8, stop=()) -> SequenceGroup:
@@ -129,7 +129,7 @@ def test_abort_and_drain():
 def test_kv_cache_grows_in_place_and_stops_at_what_sequences_can_reach():
     import torch
 
-    from tokenflow.engine.cache.kv_cache import KVCache
+    from tokenflow.engine.builtin.cache.kv_cache import KVCache
 
     cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, max_slots=16, max_len=300,
                     dtype=torch.float32, device=torch.device("cpu"), growth=64)

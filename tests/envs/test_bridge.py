@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.envs.chat_templates import (
+from tests.envs.chat_template_testlib import (
     THINK_STRIPPING, llama3_1_tokenizer, mistral_v0_3_tokenizer, qwen2_5_tokenizer,
 )
 from tokenflow.envs import BridgeError, ChatBridge, ToolSchemaError

@@ -1,4 +1,4 @@
-"""CalculatorEnv played through run_episodes, the warm-start rows, and the shipped tool model."""
+"""CalculatorEnv played through play_reference_episodes, the warm-start rows, and the shipped tool model."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenflow.envs import ChatBridge, run_episodes
+from tokenflow.envs import ChatBridge, play_reference_episodes
 from tokenflow.envs.calculator import CalculatorEnv, example_of
-from tokenflow.tools import make_tool_model
+from tokenflow.shipped_models import make_tool_model
 
 TOOL_MODEL = Path(str(resources.files("tokenflow") / "assets" / "tool_model"))
 
@@ -33,7 +33,7 @@ def scripted(tokenizer, turns: list[str]):
 
 
 def play(tokenizer, example, turns):
-    (traj,) = asyncio.run(run_episodes(CalculatorEnv, [example], tokenizer, scripted(tokenizer, turns)))
+    (traj,) = asyncio.run(play_reference_episodes(CalculatorEnv, [example], tokenizer, scripted(tokenizer, turns)))
     return traj, CalculatorEnv.rubric.score([traj.episode])[0]
 
 
@@ -76,7 +76,7 @@ def test_a_turn_that_runs_out_of_tokens_ends_the_episode(tokenizer):
     def generate(prompts, stop):
         return [tokenizer.encode("mul(12,1", add_special_tokens=False)]  # no turn end
 
-    (traj,) = asyncio.run(run_episodes(CalculatorEnv, [example_of(12, 10, None)], tokenizer, generate))
+    (traj,) = asyncio.run(play_reference_episodes(CalculatorEnv, [example_of(12, 10, None)], tokenizer, generate))
     assert traj.episode.truncated and traj.episode.turns == 1 and traj.loss_mask == [1] * 8
 
 

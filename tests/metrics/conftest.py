@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import SMALL
+from tests.runtime.runtime_testlib import SMALL
 
-STEPS, PROMPTS, GROUP, EVAL = 4, 4, 4, 24  # as in tests.runtime.helpers.SMALL
+STEPS, PROMPTS, GROUP, EVAL = 4, 4, 4, 24  # as in tests.runtime.runtime_testlib.SMALL
 
 
 def _without(args: list[str], key: str) -> list[str]:

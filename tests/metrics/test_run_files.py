@@ -8,7 +8,7 @@ import pytest
 
 from tests.metrics.conftest import STEPS
 from tests.metrics.test_sinks import tensorboard_scalars
-from tests.metrics.wandb_records import history
+from tests.metrics.wandb_testlib import history
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.report.run_data import load_run
 

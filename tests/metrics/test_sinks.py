@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from tests.metrics.wandb_records import history
-from tokenflow.config.sections import MetricsConfig
+from tests.metrics.wandb_testlib import history
+from tokenflow.config.run import MetricsConfig
 from tokenflow.metrics.sinks import (
     JsonlSink,
     MetricLogger,

@@ -104,7 +104,7 @@ def test_merge_tolerates_a_torn_last_line(tmp_path):
 def test_scorer_workers_trace_their_calls_and_flush_when_stopped(tracing, tmp_path):
     """pebble stops workers with SIGTERM; the buffered events must still reach the file."""
     from tokenflow.rollout import Rollout
-    from tests.tasks.scoring_helpers import wait_scored
+    from tests.scoring.scoring_testlib import wait_scored
     from tokenflow.scoring.pool import ScorerPool
 
     mod = tmp_path / "rewards_trace.py"

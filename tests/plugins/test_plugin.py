@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import SMALL
+from tests.runtime.runtime_testlib import SMALL
 from tokenflow.algorithms import AlgorithmConfig
+from tokenflow.config.trainer import TrainerConfig, check_compatible
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.registry import ADVANTAGES
-from tokenflow.trainer.config import TrainerConfig, check_compatible
 
 pytestmark = pytest.mark.slow  # a real run (or several processes) per test
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.ray.elastic_helpers import exactly_once, joined_with_its_versions, run_config
-from tests.runtime.helpers import step_rows
+from tests.ray.elastic_testlib import exactly_once, joined_with_its_versions, run_config
+from tests.runtime.runtime_testlib import step_rows
 from tokenflow.cli.main import build_parser
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ray.elastic_helpers import exactly_once, run_config
+from tests.ray.elastic_testlib import exactly_once, run_config
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 

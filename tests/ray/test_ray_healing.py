@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.runtime.helpers import kill_after_steps, ledger, small_config, step_rows, workers
+from tests.runtime.runtime_testlib import kill_after_steps, ledger, small_config, step_rows, workers
 from tokenflow.bench.chaos_checks import weights_diff
 from tokenflow.bench.chaos_procs import TOLERANCE
 from tokenflow.runtime.launch import train

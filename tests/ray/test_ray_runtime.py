@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from tests.runtime.helpers import kill_after_steps, ledger, small_config, step_rows
+from tests.runtime.runtime_testlib import kill_after_steps, ledger, small_config, step_rows
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 

@@ -15,7 +15,7 @@ from tokenflow.engine import SamplingParams
 from tokenflow.envs import ChatBridge
 from tokenflow.envs.calculator import CalculatorEnv
 from tokenflow.errors import InputError
-from tokenflow.evaluation import chat_prompt_ids, encode_prompt, prompt_encoder
+from tokenflow.tasks.prompts import chat_prompt_ids, encode_prompt, prompt_encoder
 from tokenflow.runtime.drivers.episodes import EpisodeSpec, run_episodes
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]

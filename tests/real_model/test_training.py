@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 
 from tests.real_model.real_testlib import chat_ids
-from tests.runtime.helpers import ledger, small_config, step_rows
+from tests.runtime.runtime_testlib import ledger, small_config, step_rows
 from tokenflow.engine import SamplingParams
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train

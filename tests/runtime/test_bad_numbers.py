@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.runtime.helpers import small_config, step_rows
+from tests.runtime.runtime_testlib import small_config, step_rows
 from tokenflow.runtime.launch import train
 from tokenflow.scoring.pool import normalise_reward
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.runtime.helpers import ledger, small_config, step_rows
+from tests.runtime.runtime_testlib import ledger, small_config, step_rows
 from tokenflow.metrics.sinks import read_jsonl
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop

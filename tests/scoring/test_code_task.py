@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tasks.scoring_helpers import wait_scored
+from tests.scoring.scoring_testlib import wait_scored
 from tokenflow.rollout import Rollout
 from tokenflow.scoring.pool import ScorerPool
 from tokenflow.tasks.arithmetic import worked_solution

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scoring import sandbox_attack_kit as kit
+from tests.scoring import sandbox_testlib as kit
 
 ROOT = Path(__file__).parents[2]
 pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(60)]  # kit.Leftovers sees the whole machine

@@ -4,7 +4,7 @@ import pytest
 
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.orchestrator.step_metrics import batch_metrics
-from tokenflow.scoring.shaping import overlong_penalty, shape_overlong
+from tokenflow.scoring.overlong import overlong_penalty, shape_overlong
 
 
 @pytest.mark.parametrize("length, expected", [
@@ -53,7 +53,7 @@ def test_every_scored_sample_is_shaped_whatever_comes_before_it():
 
 
 def test_model_turns_are_read_from_turns_or_from_runs_of_model_tokens():
-    from tokenflow.scoring.shaping import model_turn_lengths
+    from tokenflow.scoring.overlong import model_turn_lengths
 
     def r(mask, turns=None):
         n = len(mask)
@@ -68,7 +68,7 @@ def test_model_turns_are_read_from_turns_or_from_runs_of_model_tokens():
 
 
 def test_the_penalty_is_that_of_the_longest_model_turn():
-    from tokenflow.scoring.shaping import shape_overlong
+    from tokenflow.scoring.overlong import shape_overlong
 
     n = 7
     x = Rollout(prompt_ids=[1], completion_ids=[3] * n, logprobs=[0.0] * n, versions=[0] * n,
@@ -79,7 +79,7 @@ def test_the_penalty_is_that_of_the_longest_model_turn():
 
 
 def test_a_sample_without_model_tokens_gets_no_penalty():
-    from tokenflow.scoring.shaping import shape_overlong
+    from tokenflow.scoring.overlong import shape_overlong
 
     x = Rollout(prompt_ids=[1], completion_ids=[3, 3], logprobs=[0.0] * 2, versions=[0] * 2, loss_mask=[0, 0], reward=1.0)
     shape_overlong([x], max_tokens=1, buffer_tokens=1, factor=1.0)

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tasks.scoring_helpers import wait_scored
+from tests.scoring.scoring_testlib import wait_scored
 from tokenflow.algorithms.advantages import compute_advantages
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 from tokenflow.rollout import Rollout
 from tokenflow.scoring.pool import ScorerPool
 from tokenflow.scoring.prm import ProcessRewardScorer, step_ends
 from tokenflow.scoring.stage import ScoringStage
-from tokenflow.scoring.token_scorers import SampleView, TokenScorerSpec
+from tokenflow.scoring.token_scorer_protocol import SampleView
+from tokenflow.scoring.token_scorer_specs import TokenScorerSpec
 
 pytestmark = pytest.mark.timeout(180)
 COMPLETIONS = ["7+5=12,4+8+1=13>132", "3+4=7>7", "9+9=18,1+0=1,0+2=2>218"]

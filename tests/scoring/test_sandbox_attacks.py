@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.scoring import sandbox_attack_kit as kit
+from tests.scoring import sandbox_testlib as kit
 from tests.scoring.sandbox_bait import limits
 from tokenflow.scoring.sandbox import bwrap, run_program
 

@@ -16,13 +16,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.tasks.scoring_helpers import wait_scored
+from tests.scoring.scoring_testlib import wait_scored
 from tokenflow.algorithms.advantages import compute_advantages
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 from tokenflow.rollout import Rollout
 from tokenflow.scoring.pool import ScorerPool
 from tokenflow.scoring.stage import ScoringStage
-from tokenflow.scoring.token_scorers import TokenScorerSpec
+from tokenflow.scoring.token_scorer_specs import TokenScorerSpec
 
 pytestmark = pytest.mark.timeout(180)
 

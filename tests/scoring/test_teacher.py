@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.runtime.helpers import small_config, step_rows
+from tests.runtime.runtime_testlib import small_config, step_rows
 from tokenflow.runtime.launch import train
 from tokenflow.runtime.orchestrator.sync_loop import run_sync_loop
 from tokenflow.scoring.teacher import TeacherScorer, TokenizerMismatch, check_same_tokenizer
-from tokenflow.scoring.token_scorers import SampleView
+from tokenflow.scoring.token_scorer_protocol import SampleView
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,8 +45,8 @@ def teacher(tmp_path_factory, default_model):
 
 
 def test_reward_is_teacher_logprob_minus_behaviour_logprob(teacher, default_model):
+    from tokenflow.config.engine import EngineConfig
     from tokenflow.engine import Engine, SamplingParams
-    from tokenflow.engine.config import EngineConfig
 
     path, model, tok = teacher
     engine = Engine(default_model, EngineConfig(device="cpu", threads=1))

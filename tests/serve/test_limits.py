@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.serve.serve_testlib import served, slow_steps
-from tokenflow.serve.config import ServeConfig
+from tokenflow.config.serve import ServeConfig
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.sim.synthetic import TRUTH, make_bench, make_run
+from tests.sim.sim_testlib import TRUTH, make_bench, make_run
 from tokenflow.sim import Calibration, calibrate
 from tokenflow.sim.calibration.calibrate import find_runs
 from tokenflow.sim.calibration.fit import fit_line, fit_rates

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.synthetic import make_bench
+from tests.sim.sim_testlib import make_bench
 from tokenflow.cli.main import main
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "simulate_7b.toml")

@@ -55,7 +55,8 @@ inference_gpus = 2
 
 
 def test_defaults_shared_with_training_agree():
-    from tokenflow.config.sections import RolloutConfig, SyncConfig
+    from tokenflow.config.rollout import RolloutConfig
+    from tokenflow.config.sync import SyncConfig
 
     cfg = load_config(preset="h100-7b-vllm")
     assert cfg.pipeline.max_staleness == RolloutConfig().max_staleness
@@ -97,7 +98,7 @@ def test_bad_gpu_splits(hardware, message):
 
 
 def test_sync_every_needs_a_staleness_budget():
-    with pytest.raises(ConfigError, match="sync_every = 3 needs max_staleness >= 2"):
+    with pytest.raises(ConfigError, match="sync.every = 3 needs rollout.max_staleness ≥ 2"):
         load_config(preset="h100-7b-vllm", overrides={"sync.every": 3, "rollout.max_staleness": 1})
 
 

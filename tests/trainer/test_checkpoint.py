@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 CFG = TrainerConfig(device="cpu", lr=1e-3, warmup_steps=2, schedule="cosine", total_steps=10)
 

@@ -6,7 +6,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
 from tokenflow.trainer.logprobs import SupportMask, chunked_token_logprobs, token_logprobs
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 N, H, V = 37, 8, 50
 

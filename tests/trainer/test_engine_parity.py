@@ -8,7 +8,7 @@ import pytest
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import tiny_model
+from tests.trainer.trainer_testlib import tiny_model
 
 
 @pytest.fixture(scope="module")

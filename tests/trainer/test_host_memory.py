@@ -22,7 +22,7 @@ ROOT = Path(__file__).parents[2]
 _PROBE = textwrap.dedent("""
     import json, resource, sys
     import torch
-    from tests.trainer.trainer_helpers import tiny_model
+    from tests.trainer.trainer_testlib import tiny_model
     from tokenflow.algorithms import AlgorithmConfig
     from tokenflow.trainer import Trainer, TrainerConfig
     Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=sys.argv[1] == "on"), AlgorithmConfig())

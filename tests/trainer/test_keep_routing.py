@@ -129,7 +129,7 @@ def test_router_gradient_under_replay_matches_finite_differences():
 
 
 def test_refusals_name_the_problem():
-    from tests.trainer.trainer_helpers import tiny_model
+    from tests.trainer.trainer_testlib import tiny_model
 
     with pytest.raises(ValueError, match="no mixture-of-experts routers"):
         Trainer(tiny_model(), TrainerConfig(device="cpu", keep_routing=True), AlgorithmConfig())
@@ -150,7 +150,7 @@ def test_refusals_name_the_problem():
 
 
 def test_micro_batches_lay_routing_out_as_the_routers_see_tokens():
-    from tests.trainer.trainer_helpers import make_rollouts
+    from tests.trainer.trainer_testlib import make_rollouts
     from tokenflow.trainer.batch import micro_batches
 
     rollouts = make_rollouts(seed=3, groups=3)

@@ -8,7 +8,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.algorithms.advantages import compute_advantages
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, reference_logprobs, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, reference_logprobs, tiny_model
 
 CFG = TrainerConfig(device="cpu", lr=1e-3)
 
@@ -18,7 +18,7 @@ def test_token_rewards_are_the_behaviour_to_reference_log_ratio():
     tr = Trainer(tiny_model(seed=1), CFG, alg)  # the reference is a frozen copy of these weights
     rollouts = on_policy(tiny_model(seed=2), make_rollouts(seed=5))  # sampled by another policy
     seqs = tr._sequences(rollouts)
-    rewards, metrics = tr._kl_rewards(rollouts, seqs)
+    rewards, metrics = tr.passes.kl_rewards(rollouts, seqs)
     ref_model = tiny_model(seed=1)
     kls = []
     for r, got in zip(rollouts, rewards):

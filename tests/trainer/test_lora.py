@@ -9,7 +9,7 @@ from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.engine import Engine, EngineConfig, SamplingParams
 from tokenflow.trainer import Trainer, TrainerConfig
 from tests.trainer.test_checkpoint import _roundtrip
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 CFG = dict(device="cpu", lr=1e-2, lora_rank=4, lora_alpha=8.0)
 
@@ -89,8 +89,8 @@ def test_the_kl_reference_is_the_base_model_with_adapters_off():
     # The reference still computes the base model's log-probs, while the policy does not.
     plain = Trainer(tiny_model(seed=7), TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig())
     seqs = tr._sequences(rollouts)
-    base = plain._score(plain._sequences(rollouts), len(rollouts), with_values=False)[0]
-    ref = tr._score(seqs, len(rollouts), with_values=False, runner=tr.ref_runner)[0]
-    now = tr._score(seqs, len(rollouts), with_values=False)[0]
+    base = plain.passes.score(plain._sequences(rollouts), len(rollouts), with_values=False)[0]
+    ref = tr.passes.score(seqs, len(rollouts), with_values=False, runner=tr.ref_runner)[0]
+    now = tr.passes.score(seqs, len(rollouts), with_values=False)[0]
     assert max(abs(a - b).max() for a, b in zip(ref, base)) < 1e-6
     assert max(abs(a - b).max() for a, b in zip(now, base)) > 1e-4

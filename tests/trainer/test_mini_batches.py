@@ -15,7 +15,7 @@ from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.config.loading import ConfigError, load_config
 from tokenflow.config.root import TrainConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import VOCAB, make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import VOCAB, make_rollouts, on_policy, tiny_model
 
 LR = 2e-2
 
@@ -80,8 +80,8 @@ def test_prox_from_the_first_forward_equals_the_prox_pass(mini_batches, epochs, 
         t = trainer(algo, mini_batches=mini_batches, epochs=epochs)
         if force_pass:
             t.__class__ = type("PassTrainer", (Trainer,), {"prox_from_forward": property(lambda self: False)})
-        count, score = [], t._score
-        t._score = lambda *a, **k: count.append(1) or score(*a, **k)
+        count, score = [], t.passes.score
+        t.passes.score = lambda *a, **k: count.append(1) or score(*a, **k)
         results.append((t.train_step(rollouts), weights(t), len(count)))
     (fast, w_fast, n_fast), (slow, w_slow, n_slow) = results
     assert (n_fast, n_slow) == (passes, 1)
@@ -143,14 +143,14 @@ def test_a_stochastic_forward_gets_a_no_grad_pass_in_eval_mode(build, noise):
     t = trainer(AlgorithmConfig(objective="decoupled"), model=model, lr=0.0)
     assert t.stochastic and not t.prox_from_forward
     assert any(next(iter(noise)) in part for part in t.stochastic)
-    modes, score = [], t._score
+    modes, score = [], t.passes.score
 
     def watched(*a, **k):
         out = score(*a, **k)
         modes.append(t.model.training)
         return out
 
-    t._score = watched
+    t.passes.score = watched
     assert t.model.training
     m = t.train_step(rollouts)
     assert len(modes) == 1  # the π_prox pass ran

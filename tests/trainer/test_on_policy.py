@@ -7,7 +7,7 @@ import torch
 
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import VOCAB, make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import VOCAB, make_rollouts, on_policy, tiny_model
 
 ALL_CORRECTIONS = dict(tis_cap=1.5, is_mask_low=0.5, is_mask_high=2.0, opsm_delta=1e-3, max_token_age=0)
 

@@ -8,7 +8,7 @@ from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.rollout import Rollout
 from tokenflow.trainer import Trainer, TrainerConfig
 from tokenflow.trainer.batch import collate, micro_batches, pack, to_train_sequence
-from tests.trainer.trainer_helpers import VOCAB, make_rollouts, reference_logprobs, tiny_model
+from tests.trainer.trainer_testlib import VOCAB, make_rollouts, reference_logprobs, tiny_model
 
 
 def test_pack_first_fit_respects_budget():

@@ -12,7 +12,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
 from tests.trainer.test_skip_zero_advantage import assert_same_gradients, batch
-from tests.trainer.trainer_helpers import tiny_model
+from tests.trainer.trainer_testlib import tiny_model
 
 
 def one_step(algo: AlgorithmConfig, *, force_pass: bool = False, **trainer_kw):
@@ -22,17 +22,17 @@ def one_step(algo: AlgorithmConfig, *, force_pass: bool = False, **trainer_kw):
     if force_pass:  # the previous behaviour: a separate pass before the update
         trainer.__class__ = type("PassTrainer", (Trainer,), {"prox_from_forward": property(lambda self: False)})
     captured, passes = {}, []
-    step, score = trainer._optimizer_step, trainer._score
+    step, score = trainer.stepper.optimizer_step, trainer.passes.score
 
-    def capture():
+    def capture(*args):
         captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-        return step()
+        return step(*args)
 
     def counting_score(*args, **kwargs):
         passes.append(1)
         return score(*args, **kwargs)
 
-    trainer._optimizer_step, trainer._score = capture, counting_score
+    trainer.stepper.optimizer_step, trainer.passes.score = capture, counting_score
     metrics = trainer.train_step(batch())
     return captured, metrics, len(passes)
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tokenflow.trainer.config import TrainerConfig
+from tokenflow.config.trainer import TrainerConfig
 from tokenflow.trainer.schedule import lr_multiplier
 
 

@@ -11,7 +11,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.registry import AGGREGATIONS, POLICY_LOSSES
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 FLAT = {0: 1.0, 2: 0.0}  # groups whose samples all get this reward: advantage 0 under GRPO/RLOO/Dr. GRPO
 
@@ -30,13 +30,13 @@ def gradients(rollouts, algo: AlgorithmConfig, skip: bool, **trainer_kw):
                         skip_zero_advantage=skip, **trainer_kw)
     trainer = Trainer(tiny_model(seed=2), cfg, algo)
     captured = {}
-    step = trainer._optimizer_step
+    step = trainer.stepper.optimizer_step
 
-    def capture():
+    def capture(*args):
         captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-        return step()
+        return step(*args)
 
-    trainer._optimizer_step = capture
+    trainer.stepper.optimizer_step = capture
     return captured, trainer.train_step(rollouts)
 
 

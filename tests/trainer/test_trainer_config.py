@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig, check_compatible
-from tests.trainer.trainer_helpers import tiny_model
+from tests.trainer.trainer_testlib import tiny_model
 
 
 @pytest.mark.parametrize("kwargs,fields", [
@@ -39,7 +39,7 @@ def test_field_constraints_and_docs():
 def test_missing_behaviour_logprobs_are_refused_with_advice():
     import numpy as np
 
-    from tests.trainer.trainer_helpers import make_rollouts
+    from tests.trainer.trainer_testlib import make_rollouts
 
     rs = make_rollouts(groups=1)
     rs[0].logprobs[:] = np.nan

@@ -9,7 +9,7 @@ import torch
 from tokenflow.algorithms import AlgorithmConfig, GlobalCounts, compute_advantages
 from tokenflow.rollout import Rollout
 from tokenflow.trainer import Trainer, TrainerConfig
-from tests.trainer.trainer_helpers import make_rollouts, on_policy, tiny_model
+from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 
 @pytest.mark.parametrize("algo", [dict(), dict(policy_loss="cispo", advantage="dr_grpo", clip_high=0.28),

@@ -2,10 +2,13 @@
 
 Pure functions over NumPy arrays (advantages) and flat per-token tensors (losses), so each can be
 checked against a hand computation without a model. Definitions: ``docs/algorithms.md``.
+
+May import: layer 1 (``rollout``, ``config``, ``registry``, ``_lazy``); no model, engine or
+trainer (layer 3 builds on it, not the other way round).
 """
 
 from tokenflow._lazy import lazy_getattr
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 
 # Everything else imports torch; it loads on first use so that reading a config stays light.
 _EXPORTS = {

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 from tokenflow.registry import ADVANTAGES, token_level_estimators
 from tokenflow.rollout import Rollout
 

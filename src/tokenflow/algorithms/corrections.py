@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from tokenflow.algorithms.aggregation import segment_mean
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 
 _MAX_LOG_W = 20.0
 

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import torch
 
 from tokenflow.algorithms.aggregation import aggregate
-from tokenflow.algorithms.config import AlgorithmConfig
 from tokenflow.algorithms.corrections import apply_corrections
 from tokenflow.algorithms.kl import token_kl
 from tokenflow.algorithms.losses import POLICY_LOSSES, log_ratio, value_loss
 from tokenflow.algorithms.stats import Accumulator
+from tokenflow.config.algorithm import AlgorithmConfig
 
 
 @dataclass

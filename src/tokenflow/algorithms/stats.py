@@ -25,6 +25,11 @@ class Accumulator:
         self._mins: dict[str, Number] = {}
         self._maxs: dict[str, Number] = {}
 
+    def tables(self) -> dict[str, dict[str, Number]]:
+        """Its whole state, by how each table combines (``sum``, ``min``, ``max``): the dicts
+        themselves, for a reduction across ranks to rewrite in place (``trainer.fsdp``)."""
+        return {"sum": self._sums, "min": self._mins, "max": self._maxs}
+
     def add(self, name: str, value: Number) -> None:
         self._sums[name] = self._sums.get(name, 0.0) + _detach(value)
 

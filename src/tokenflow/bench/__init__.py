@@ -1,4 +1,7 @@
-"""`tokenflow bench ...`: benchmarks that print their numbers (and one JSON object with --json)."""
+"""`tokenflow bench ...`: benchmarks that print their numbers (and one JSON object with --json).
+
+May import: layers 1-5 and ``tokenflow.cli``'s shared helpers (a front end, layer 6).
+"""
 
 from __future__ import annotations
 

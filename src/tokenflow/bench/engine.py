@@ -181,11 +181,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
-    from tokenflow.engine.factory import BACKENDS
+    from tokenflow.engine.backends import ENGINES
 
-    unknown = [b for b in backends if b not in BACKENDS]
+    unknown = [b for b in backends if b not in ENGINES]
     if unknown or not backends:
-        print(f"error: --backend takes a comma-separated list of {sorted(BACKENDS)}, got {args.backend!r}",
+        print(f"error: --backend takes a comma-separated list of {ENGINES.names()}, got {args.backend!r}",
               file=sys.stderr)
         return 2
     if args.threads:

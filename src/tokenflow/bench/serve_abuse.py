@@ -260,9 +260,9 @@ def _get_json(url: str) -> dict:
 
 
 def run(args) -> int:
-    from tokenflow.engine.config import EngineConfig
+    from tokenflow.config.engine import EngineConfig
+    from tokenflow.config.serve import ServeConfig
     from tokenflow.model_store import resolve_model_path
-    from tokenflow.serve.config import ServeConfig
     from tokenflow.serve.memory import memory_bound
 
     clients = 500 if args.clients is None else args.clients

@@ -151,7 +151,7 @@ def _rounds(senders: dict, cmd_q, out_q, repeats: int) -> dict[str, dict]:
 def run(args, overrides: list[str] | None = None) -> int:
     import torch
 
-    from tokenflow.config.sections import SyncConfig
+    from tokenflow.config.sync import SyncConfig
 
     torch.set_num_threads(1)
     bucket_mb = args.bucket_mb or SyncConfig().bucket_mb

@@ -124,8 +124,9 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine.factory import make_engine
-    from tokenflow.evaluation import Evaluation, evaluate, prompt_encoder
+    from tokenflow.evaluation import Evaluation, evaluate
     from tokenflow.tasks import build_task
+    from tokenflow.tasks.prompts import prompt_encoder
 
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
     engine = make_engine(model, engine_cfg)

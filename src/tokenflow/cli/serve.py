@@ -46,9 +46,9 @@ def _overrides(overrides: list[str], section: str) -> dict:
 
 def engine_config(run_dir, overrides: list[str]):
     """The run's engine settings (or the defaults), with ``--engine.KEY VALUE`` overrides."""
+    from tokenflow.config.engine import EngineConfig
     from tokenflow.config.loading import load_config, validate
     from tokenflow.config.root import TrainConfig
-    from tokenflow.engine.config import EngineConfig
 
     parsed = _overrides(overrides, "engine")
     base = load_config(TrainConfig, run_dir / "config.toml").engine if run_dir is not None else EngineConfig()
@@ -58,7 +58,7 @@ def engine_config(run_dir, overrides: list[str]):
 def serve_config(overrides: list[str]):
     """The server's limits (`ServeConfig`): the defaults with ``--serve.KEY VALUE`` overrides."""
     from tokenflow.config.loading import validate
-    from tokenflow.serve.config import ServeConfig
+    from tokenflow.config.serve import ServeConfig
 
     return validate(ServeConfig, _overrides(overrides, "serve"))
 

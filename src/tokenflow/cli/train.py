@@ -20,7 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with the value it resolves to (for this CONFIG, preset and "
-                        "overrides), the library default where different, and its documentation")
+                        "overrides), the library default where different, and its documentation (the section [KEY] is "
+                        "defined in tokenflow/config/KEY.py; run, model, metrics: run.py; task, episode: "
+                        "task.py; rollout, sampling: rollout.py)")
     p.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
     p.set_defaults(func=run, _allow_overrides=True)
 

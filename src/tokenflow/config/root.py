@@ -5,7 +5,9 @@
     max_staleness = 1        # 0 = synchronous
 
 Sections: run, model, task, episode, scorer, rollout, sampling, engine, algorithm, trainer, sync, runtime,
-metrics.
+metrics; each is defined in the module of ``tokenflow.config`` named after its key (or its group's:
+``config/run.py`` holds run, model and metrics; ``config/task.py`` task and episode;
+``config/rollout.py`` rollout and sampling).
 ``tokenflow train --help-config`` lists every key with its default and documentation.
 """
 
@@ -13,15 +15,16 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from tokenflow.algorithms.config import AlgorithmConfig
+from tokenflow.config.algorithm import AlgorithmConfig
 from tokenflow.config.base import ConfigModel
-from tokenflow.config.sections import (
-    EpisodeConfig, MetricsConfig, ModelConfig, RolloutConfig, RunConfig, RuntimeConfig, SamplingConfig,
-    SyncConfig, TaskConfig,
-)
-from tokenflow.engine.config import EngineConfig
-from tokenflow.scoring.config import ScorerConfig
-from tokenflow.trainer.config import TrainerConfig, check_compatible
+from tokenflow.config.engine import EngineConfig
+from tokenflow.config.rollout import RolloutConfig, SamplingConfig
+from tokenflow.config.run import MetricsConfig, ModelConfig, RunConfig
+from tokenflow.config.runtime import RuntimeConfig
+from tokenflow.config.scorer import ScorerConfig
+from tokenflow.config.sync import SyncConfig, sync_every_error
+from tokenflow.config.task import EpisodeConfig, TaskConfig
+from tokenflow.config.trainer import TrainerConfig, check_compatible
 
 
 class TrainConfig(ConfigModel):
@@ -85,19 +88,11 @@ class TrainConfig(ConfigModel):
                 f"engine.max_num_seqs ({self.engine.max_num_seqs}) is below rollout.group_size "
                 f"({self.rollout.group_size}): the engine runs a group's samples together; raise "
                 "engine.max_num_seqs or lower rollout.group_size")
-        if self.sync.every > self.rollout.max_staleness + 1:
-            raise ValueError(
-                f"sync.every = {self.sync.every} needs rollout.max_staleness ≥ {self.sync.every - 1}: "
-                "the engine would wait for weights the trainer cannot produce without its rollouts")
-        if self.engine.backend == "vllm" and (self.sampling.top_p < 1 or self.sampling.top_k > 0):
-            raise ValueError(
-                f"engine.backend = 'vllm' cannot sample with sampling.top_p = {self.sampling.top_p} / "
-                f"top_k = {self.sampling.top_k}: vLLM returns no sampling mask, so the trainer could "
-                "not rebuild the support its log-probs are over; use top_p = 1 and top_k = 0, or "
-                "engine.backend = 'builtin'")
-        if self.engine.backend == "vllm" and self.engine.recompute_kv_after_update:
-            raise ValueError("engine.recompute_kv_after_update is not supported by engine.backend = 'vllm'; "
-                             "use engine.update_mode = 'abort' to restart running samples under new weights")
+        if problem := sync_every_error(self.sync.every, self.rollout.max_staleness):
+            raise ValueError(problem)
+        from tokenflow.engine.backends import check_run_settings
+
+        check_run_settings(self)  # what the engine's backend lacks, from its declared capabilities
         if self.scorer.any_token_scorer:
             from tokenflow.registry import ADVANTAGES, token_level_estimators
 

@@ -94,7 +94,7 @@ class RolloutEngine(Protocol):
                        recompute_kv: bool | None = None, checksum: str | None = None) -> dict:
         """Called by the weight-sync layer after each optimizer step, possibly while `step`
         runs in another thread (the swap then lands between two steps). ``mode`` is
-        "inflight", "abort" or "drain" (see `tokenflow.engine.weight_update`). Missing,
+        "inflight", "abort" or "drain" (see `tokenflow.engine.builtin.weight_update`). Missing,
         unexpected or mis-shaped tensors, or a ``checksum`` mismatch, raise
         `WeightUpdateError` and leave weights and version unchanged. Returns a report dict
         with at least ``mode``, ``applied``, ``pending`` and ``seconds``."""

@@ -1,28 +1,20 @@
 """`make_engine`: the one place that turns ``engine.backend`` into a `RolloutEngine`.
 
 The runtime's engine worker, the synchronous reference loop, `tokenflow eval` and `tokenflow
-bench engine` all build their engine here, so a backend is added in one table.
+bench engine` all build their engine here, from the one table of backends
+(`tokenflow.engine.backends.ENGINES`), so a backend is added by registering it there.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
-from tokenflow.engine.config import EngineConfig
-
-BACKENDS = {
-    "builtin": ("tokenflow.engine.llm_engine", "Engine"),
-    "vllm": ("tokenflow.engine.vllm.engine", "VLLMEngine"),
-}
+from tokenflow.config.engine import EngineConfig
+from tokenflow.engine.backends import ENGINES
 
 
 def make_engine(model: str | Path, config: EngineConfig | None = None, *, tokenizer=None):
     """A `RolloutEngine` for the Hugging Face model folder ``model``, of ``config.backend``."""
     config = config or EngineConfig()
-    try:
-        module, name = BACKENDS[config.backend]
-    except KeyError:
-        raise ValueError(f"engine.backend must be one of {sorted(BACKENDS)}, got {config.backend!r}") from None
-    cls = getattr(importlib.import_module(module), name)
+    cls = ENGINES.get(config.backend)  # an unknown name raises UnknownName, listing the known ones
     return cls(model, config, tokenizer=tokenizer)

@@ -1,4 +1,9 @@
-"""Turning `add_request` arguments into a validated `SequenceGroup` (or an `InvalidRequest`)."""
+"""Checking `add_request` arguments, the same way on every backend: `plan_request` turns them
+into a `RequestPlan` (the samples to start, their seed and stop ids) or raises `InvalidRequest`;
+`derive_seed` gives a request without a seed of its own one derived from the engine's.
+
+Part of the seam: a backend builds its own per-sample state from the plan (the built-in engine
+its `Sequence`s, vLLM one request per sample)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ import numpy as np
 
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.sampling_params import SamplingParams
-from tokenflow.engine.sequence import Sequence, SequenceGroup
 from tokenflow.rollout import Rollout
 
 _MASK64 = (1 << 64) - 1
@@ -34,10 +38,31 @@ class RequestLimits:
     engine_seed: int
 
 
-def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: SamplingParams,
-               request_id: str | None, resume: Rollout | None, group_id: int,
-               prompt_id: int) -> SequenceGroup:
-    """Validate one request and build its n sequences (or the one resumed/continued sequence)."""
+@dataclass
+class RequestPlan:
+    """One validated request: what a backend starts for it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    prefix: list[int]
+    """Completion ids already generated (a resumed or continued rollout's), else empty."""
+    sample_indices: list[int]
+    seed: int
+    stop_ids: frozenset[int]
+    group_id: int
+    prompt_id: int
+    resume: Rollout | None
+    turn: int | None
+    """The turn the new tokens belong to (multi-turn rollouts), else None."""
+    turn_start: int
+    """Where that model turn began in prompt + completion (-1 without a resume)."""
+
+
+def plan_request(limits: RequestLimits, arrival: int, prompt_ids, params: SamplingParams,
+                 request_id: str | None, resume: Rollout | None, group_id: int,
+                 prompt_id: int) -> RequestPlan:
+    """Validate one request (``arrival`` = how many requests the engine accepted before it) and
+    say what to start: its n samples, or the one resumed/continued sample."""
     params.validate(limits.vocab_size, has_tokenizer=limits.has_tokenizer)
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -71,14 +96,8 @@ def make_group(limits: RequestLimits, arrival: int, prompt_ids, params: Sampling
     stop_ids = frozenset(params.stop_token_ids)
     if not params.ignore_eos:
         stop_ids |= limits.eos_token_ids
-    request_id = request_id or f"req-{arrival}"
-    seqs = [
-        Sequence(request_id=request_id, sample_index=i, params=params, seed=seed, prompt_ids=prompt,
-                 token_ids=prompt + prefix, stop_ids=stop_ids, group_id=group_id,
-                 prompt_id=prompt_id, prefix=resume, turn=turn, turn_start=turn_start)
-        for i in sample_indices
-    ]
-    return SequenceGroup(request_id, seqs)
+    return RequestPlan(request_id or f"req-{arrival}", prompt, prefix, sample_indices, seed, stop_ids,
+                       group_id, prompt_id, resume, turn, turn_start)
 
 
 def _turn_of_new_tokens(resume: Rollout, prompt_len: int) -> tuple[int | None, int]:

@@ -6,16 +6,21 @@
 * `Rubric` / `group_reward` (`rubric`): weighted reward functions over finished episodes.
 * `ChatBridge` (`bridge`): prompt ids, environment ids, turn ends and the prefix check, from the
   model's chat template.
-* `Episode` / `run_episodes` (`episode`): the record of an episode and a reference driver.
+* `Episode` / `play_reference_episodes` (`episode`): the record of an episode and the reference
+  driver (`run_episodes`: its old name, a deprecated alias; training drives episodes in
+  `tokenflow.runtime.drivers.episodes`).
 * `load_environment` (`loading`) and `EnvTask` (`task`): ``task.env`` in the config.
 * `CalculatorEnv` (`calculator`): the built-in example the shipped tool model learns.
 
 See docs/environments.md.
+
+May import: layers 1-3 and ``tokenflow.tasks`` (an environment task is a task); never
+``scoring``, the runtime or a front end.
 """
 
 from tokenflow.envs.base import Environment, StepResult
 from tokenflow.envs.bridge import BridgeError, ChatBridge, PrefixCheck
-from tokenflow.envs.episode import Episode, Trajectory, run_episodes
+from tokenflow.envs.episode import Episode, Trajectory, play_reference_episodes, run_episodes
 from tokenflow.envs.loading import EnvironmentLoadError, load_environment
 from tokenflow.envs.rubric import Rubric, RubricError, group_reward
 from tokenflow.envs.schemas import ToolSchemaError, tool_schema, tool_schemas
@@ -25,6 +30,6 @@ from tokenflow.envs.tool_env import ToolEnvironment
 __all__ = [
     "BridgeError", "ChatBridge", "Environment", "EnvironmentLoadError", "Episode", "PrefixCheck", "Rubric",
     "RubricError", "StepResult", "ToolCall", "ToolCallError", "ToolEnvironment", "ToolSchemaError", "Trajectory",
-    "group_reward", "load_environment", "parse_tool_calls", "render_tool_call", "run_episodes", "tool_schema",
-    "tool_schemas",
+    "group_reward", "load_environment", "parse_tool_calls", "play_reference_episodes", "render_tool_call",
+    "run_episodes", "tool_schema", "tool_schemas",
 ]

@@ -1,7 +1,7 @@
 """What a multi-turn rollout talks to: `Environment`, and what one of its steps returns.
 
-One instance plays one episode, driven like this (`tokenflow.envs.episode.run_episodes` is a
-small reference driver; the runtime's is in the engine worker)::
+One instance plays one episode, driven like this (`tokenflow.envs.episode.play_reference_episodes`
+is a small reference driver; the runtime's is in the engine worker)::
 
     env = EnvClass()
     messages, tools = env.reset(example)          # opening messages; tools offered this episode

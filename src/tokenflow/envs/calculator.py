@@ -7,7 +7,7 @@ tiny model cannot work out in its head. With the tools it takes three turns::
     assistant: add(3901,29)    tool: 3930
     assistant: 3930            (no call: the final answer; reward 1 if it is right)
 
-(two for ``a*b``). The shipped tool model (`tokenflow.tools.make_tool_model`) is warm-started on
+(two for ``a*b``). The shipped tool model (`tokenflow.shipped_models.make_tool_model`) is warm-started on
 such episodes with a deliberate slip — after the product it often answers at once, forgetting
 ``+c`` — so RL has something to fix.
 

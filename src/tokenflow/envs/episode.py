@@ -1,16 +1,21 @@
 """Episodes: what a played conversation records, and a small reference driver.
 
-`run_episodes` plays a batch of episodes turn by turn with any ``generate`` callable (a
-transformers model, the built-in engine) and `ChatBridge` token ids, keeping the rules of
-`tokenflow.envs.base`. It is what `tokenflow.tools.make_tool_model` measures the tool model with
-and what the tests drive environments with; the training runtime drives episodes in its engine
-worker, continuing each sequence in the engine instead of re-submitting it.
+`play_reference_episodes` plays a batch of episodes turn by turn with any ``generate`` callable
+(a transformers model, the built-in engine) and `ChatBridge` token ids, keeping the rules of
+`tokenflow.envs.base`. It is what `tokenflow.shipped_models.make_tool_model` measures the tool
+model with and what the tests drive environments with. It is the reference, not what training
+runs: the training runtime drives episodes in its engine worker
+(`tokenflow.runtime.drivers.episodes`), continuing each sequence in the engine instead of
+re-submitting it; ``tests/envs/test_reference_driver.py`` checks that the two play the same
+greedy episodes. `run_episodes` is the old name of the reference driver, kept as a deprecated
+alias (``tokenflow.envs.run_episodes``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any, Callable, Sequence
@@ -78,8 +83,9 @@ Generate = Callable[[list[list[int]], tuple[int, ...]], Any]
 one model turn per prompt, ending with one of ``stop_token_ids`` unless it ran out of tokens."""
 
 
-async def run_episodes(env_cls: type[Environment], examples: Sequence[dict], tokenizer, generate: Generate,
-                       max_len: int | None = None, **bridge_kwargs) -> list[Trajectory]:
+async def play_reference_episodes(env_cls: type[Environment], examples: Sequence[dict], tokenizer,
+                                  generate: Generate, max_len: int | None = None,
+                                  **bridge_kwargs) -> list[Trajectory]:
     """Play one episode per example, all turns of one round in one ``generate`` call. An episode
     whose ids reach ``max_len`` (the model's context) ends there, truncated."""
     envs = [env_cls() for _ in examples]
@@ -137,3 +143,12 @@ async def run_episodes(env_cls: type[Environment], examples: Sequence[dict], tok
     for env, t in zip(envs, trajs):
         t.episode.state = env.state
     return trajs
+
+
+def run_episodes(*args, **kwargs):
+    """Deprecated: the old name of `play_reference_episodes` (same arguments, same coroutine),
+    kept because ``tokenflow.envs.run_episodes`` is public. Not to be confused with the training
+    driver's blocking `tokenflow.runtime.drivers.episodes.run_episodes`."""
+    warnings.warn("tokenflow.envs.run_episodes is deprecated; call tokenflow.envs.play_reference_episodes "
+                  "(the same reference driver)", DeprecationWarning, stacklevel=2)
+    return play_reference_episodes(*args, **kwargs)

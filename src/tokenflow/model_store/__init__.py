@@ -6,8 +6,9 @@ the user's cache, and user folders.
 into its folder, a built model's name (`catalog.BUILT_MODELS`, e.g. ``smollm2-135m-instruct``)
 into its cache folder (built on first use by `build`), and checks that anything else is a folder.
 
-Layer 2 (models and weights): imports only the standard library, `tokenflow.errors` and (inside
-`build`'s functions) torch, transformers, safetensors and filelock.
+Layer 2 (models and weights).
+May import: only the standard library, `tokenflow.errors` and (inside `build`'s functions) torch,
+transformers, safetensors and filelock.
 """
 
 from tokenflow.model_store.catalog import BUILT_MODELS, built_model_path, cache_root

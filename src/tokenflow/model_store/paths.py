@@ -40,7 +40,7 @@ def resolve_model_path(path: str) -> str:
         if not (p / "model.safetensors").is_file():
             raise FileNotFoundError(
                 f"the shipped model {path!r} is missing from {p}; rebuild it with "
-                f"`python -m tokenflow.tools.{script} --out src/tokenflow/assets/{folder}`")
+                f"`python -m tokenflow.shipped_models.{script} --out src/tokenflow/assets/{folder}`")
         return str(p)
     if not Path(path).is_dir():
         raise InputError(f"model.path {path!r} is not a folder; point model.path at a Hugging Face model "

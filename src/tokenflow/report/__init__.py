@@ -9,6 +9,8 @@
 Every number in the text summary that ``summary.json`` holds (idle fractions, wall times,
 accuracies) is read from it, so the report and ``tokenflow bench pipeline`` print the same
 values; the figures add the time series behind them.
+
+May import: layers 1-5 (what a run folder holds: ``metrics``, ``runtime.view``); no other front end.
 """
 
 from tokenflow.report.build import make_report

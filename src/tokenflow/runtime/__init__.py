@@ -16,6 +16,8 @@ Its rooms, bottom to top; each imports only from the rooms below it and from lay
   step metrics, seeds, restarts, a run's state); also the synchronous reference loop.
 * ``launch``: start, resume and finish a run (what ``tokenflow train`` calls).
 
+May import: layers 1-4; each room, only the rooms below it in the order above.
+
 A regular package (not a namespace one) so that setuptools' package finder ships it in a wheel
 and the API reference can document it. Nothing is imported here: ``import tokenflow`` stays light.
 """

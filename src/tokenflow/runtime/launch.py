@@ -101,7 +101,7 @@ def prepare(cfg, model: str):
         return task, tokenizer
     preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
-    if cfg.task.chat_template:  # then every prompt is encoded through it (tokenflow.evaluation.prompt_encoder)
+    if cfg.task.chat_template:  # then every prompt is encoded through it (tokenflow.tasks.prompts.prompt_encoder)
         preflight.check_chat_prompt(task, tokenizer, cfg.task)
     return task, tokenizer
 
@@ -192,8 +192,8 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         scorers = {f"scorer{i}": pid for i, pid in enumerate(scorer.worker_pids())}
         _write_json(rd.workers, {"orchestrator": os.getpid(), **{w.name: w.pid for w in backend.all_workers},
                                  **scorers})
-        orch = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
-        summary = orch.run()
+        orchestrator = Orchestrator(cfg, rd, backend, task, tokenizer, scorer, logger, resume_state)
+        summary = orchestrator.run()
         phases.mark("run_end")
     finally:
         if backend is not None:
@@ -209,7 +209,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     summary["run_dir"] = str(rd.root)
     phases.mark("shutdown_end")
     summary["phases"] = {"process_start": phases.process_start(),
-                         "marks": phases.relative(getattr(orch, "worker_marks", None))}
+                         "marks": phases.relative(orchestrator.worker_marks)}
     _write_json(rd.summary, summary)
     if trace_dir:
         trace.configure(None, "orchestrator")  # stop tracing this process once the run is over

@@ -14,7 +14,7 @@ one summary and so one reward.
 
 from __future__ import annotations
 
-from tokenflow.scoring.shapes import group_scorer
+from tokenflow.scoring.scorer_shapes import group_scorer
 
 REWARD_SPEC = "tokenflow.scoring.episodes:episode_reward"
 """What an environment task's ``reward_spec`` is: scorer processes load this by name."""

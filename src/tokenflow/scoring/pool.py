@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.errors import WorkerDied
-from tokenflow.scoring.shapes import normalise_group, shape_of
+from tokenflow.scoring.scorer_shapes import normalise_group, shape_of
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from tokenflow.scoring.token_scores import SampleView, TokenScores
+from tokenflow.scoring.token_scorer_protocol import SampleView, TokenScores
 
 
 def step_ends(completion_ids: np.ndarray, separator_id: int) -> list[int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
-from tokenflow.scoring.token_scorers import (
+from tokenflow.scoring.token_scorer_specs import (
     SampleView, TokenScorerSpec, apply_token_scores, build_token_scorer, token_scorer_specs,
 )
 
@@ -217,7 +217,7 @@ def check_token_scorers(cfg, student_model: str) -> list[TokenScorerSpec]:
 
             check_same_tokenizer(student_model, spec.config["model"])
     if cfg.scorer.token is not None:
-        from tokenflow.scoring.token_scorers import FunctionTokenScorer
+        from tokenflow.scoring.token_scorer_specs import FunctionTokenScorer
 
         FunctionTokenScorer(cfg.scorer.token)  # importable and marked as a token scorer
     return specs

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from tokenflow.scoring.token_scores import SampleView, TokenScores
+from tokenflow.scoring.token_scorer_protocol import SampleView, TokenScores
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class TeacherScorer:
     name = "teacher"
 
     def __init__(self, model: str, device: str = "cpu", threads: int | None = 1, **_: object) -> None:
+        from tokenflow.config.engine import EngineConfig
         from tokenflow.engine import Engine
-        from tokenflow.engine.config import EngineConfig
 
         self.engine = Engine(model, EngineConfig(device=device, threads=threads, dtype="float32"))
 

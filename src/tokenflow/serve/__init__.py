@@ -14,6 +14,9 @@
 
 `server` runs the app under uvicorn, in the foreground or in a background thread. See
 docs/serve.md.
+
+May import: layers 1-3 and, of layer 4, ``tokenflow.envs`` (tool calls, the chat bridge); never
+the runtime, which mounts the app for agent sessions.
 """
 
 from tokenflow._lazy import lazy_getattr

@@ -18,8 +18,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from tokenflow.config.serve import ServeConfig
 from tokenflow.serve import errors
-from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import EngineDriver
 from tokenflow.serve.errors import APIError
 from tokenflow.serve.limits import limited_route

@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from tokenflow.serve.config import ServeConfig
+from tokenflow.config.serve import ServeConfig
 from tokenflow.serve.errors import APIError, bad_request, rate_limited, too_large, unavailable
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Ticket:
     def release(self) -> None:
         admission, self.admission = self.admission, None
         if admission is not None:
-            admission._give_back(self.requests, self.tokens, self.body)
+            admission.give_back(self.requests, self.tokens, self.body)
 
 
 class Admission:
@@ -105,7 +105,8 @@ class Admission:
             self.tokens += tokens
         return Ticket(self, tokens=tokens)
 
-    def _give_back(self, requests: int, tokens: int, body: int) -> None:
+    def give_back(self, requests: int, tokens: int, body: int) -> None:
+        """What a `Ticket` held, returned to the budget (`Ticket.release`)."""
         with self._lock:
             self.requests -= requests
             self.tokens -= tokens
@@ -258,7 +259,7 @@ async def read_body(request: Request, limit: int, admission: Admission, ticket: 
             admission.take_body(ticket, len(chunk), close=True)
         chunks.append(chunk)
     body = b"".join(chunks)
-    request._body = body  # what FastAPI reads (`Request.body` caches it there)
+    request._body = body  # noqa: SLF001 - what FastAPI reads (Starlette's `Request.body` caches it there)
     return body
 
 
@@ -314,7 +315,7 @@ def limited_route(service) -> type[APIRoute]:
                     body = await read_body(request, service.max_body_bytes, service.admission, ticket)
                     if body and _is_json(request):
                         try:
-                            request._json = data = json.loads(body)
+                            request._json = data = json.loads(body)  # noqa: SLF001 - Starlette's `Request.json` cache
                         except ValueError:
                             pass  # FastAPI parses it again and says what is wrong
                         else:

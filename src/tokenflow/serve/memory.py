@@ -23,7 +23,7 @@ a request can only hold memory through what the limits admit:
 
 from __future__ import annotations
 
-from tokenflow.serve.config import ServeConfig
+from tokenflow.config.serve import ServeConfig
 
 BODY_BYTES_FACTOR = 26
 """Memory per body byte: the bytes, their JSON objects and the validated request (measured:

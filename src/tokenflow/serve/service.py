@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from tokenflow.config.serve import ServeConfig
 from tokenflow.engine.base import TokenDelta
 from tokenflow.engine.errors import InvalidRequest
 from tokenflow.engine.sampling_params import SamplingParams
@@ -31,7 +32,6 @@ from tokenflow.serve.calls import (  # noqa: F401 - CallHook, ServedCall: re-exp
     Call, CallHook, ServedCall, disconnected, new_id, notify, refuse_unsupported, sse_event, sse_stream,
 )
 from tokenflow.serve.chat import ChatFormat, parse_output
-from tokenflow.serve.config import ServeConfig
 from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
 from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
 from tokenflow.serve.limits import Admission, EventStream, PromptBound, Turns

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from tokenflow.config.serve import SESSION_DEFAULTS, ServeConfig
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.envs.bridge import BridgeError, ChatBridge
 from tokenflow.rollout import Rollout
 from tokenflow.serve.chat import parse_output, template_messages
-from tokenflow.serve.config import SESSION_DEFAULTS, ServeConfig
 from tokenflow.serve.errors import APIError, bad_request
 from tokenflow.serve.limits import EventStream
 from tokenflow.serve.service import OpenAIService, ServedCall

@@ -4,22 +4,25 @@
     result = simulate(load_config(preset="h100-7b-vllm", overrides={"pipeline.max_staleness": 2}))
     result.tokens_per_s, result.trainer_idle_frac, result.staleness["mean"]
 
-Modules: ``config`` (sections), ``loading`` (TOML, presets, overrides), ``presets``,
+Modules (the sections are ``tokenflow.config.sim``): ``loading`` (TOML, presets, overrides), ``presets``,
 ``workload`` (length distributions), ``costs`` (rate model), ``engine`` / ``trainer`` /
 ``buffer`` / ``pipeline`` (the processes), ``metrics`` (results), ``sweep``, ``calibration``
 (``timings``: the runtime's ``calibration.json`` schema; ``fit`` and ``calibrate``: fitting a real run),
 ``report`` (tables, figure). See docs/simulate.md.
+
+May import: layers 1-5 (today only ``tokenflow.config``: it models the pipeline, it does not run
+it); no other front end.
 """
 
-from tokenflow.sim.calibration.calibrate import CalibrationReport, calibrate
-from tokenflow.sim.calibration.timings import Calibration
-from tokenflow.sim.config import (
+from tokenflow.config.sim import (
     HardwareConfig,
     PipelineConfig,
     SimConfig,
     SimSection,
     WorkloadConfig,
 )
+from tokenflow.sim.calibration.calibrate import CalibrationReport, calibrate
+from tokenflow.sim.calibration.timings import Calibration
 from tokenflow.sim.loading import ConfigError, load_config
 from tokenflow.sim.metrics import SimResult
 from tokenflow.sim.pipeline import simulate

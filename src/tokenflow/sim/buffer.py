@@ -1,7 +1,8 @@
 """Simulated rollout buffer: admission control in front of the engines, complete groups behind.
 
-Backpressure comes from here, with the rule of ``tokenflow.buffer``: a prompt group (G
-rollouts) is admitted only while
+Backpressure comes from here, with the rule of ``tokenflow.buffer`` (its
+:func:`~tokenflow.buffer.admission_capacity`, imported, not copied): a prompt group (G rollouts)
+is admitted only while
 
     rollouts admitted so far + G <= (engine version + max_staleness + 1) * rollouts_per_step
 
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import simpy
 
+from tokenflow.buffer import admission_capacity
 from tokenflow.sim.rollouts import SimGroup
 from tokenflow.sim.workload import LengthSampler
 
@@ -47,13 +49,17 @@ class SimBuffer:
 
     def admit(self) -> None:
         """Admit prompt groups while the staleness budget allows."""
-        g = self.group_size
-        limit = (self.engine_version + self.max_staleness + 1) * self.rollouts_per_step
-        while self.admitted * g + g <= limit and self.admitted < self.max_groups:
+        while self.capacity() >= self.group_size and self.admitted < self.max_groups:
             group = SimGroup.create(self.admitted, self.sampler.prompt(),
-                                    self.sampler.completions(g), self.env.now)
+                                    self.sampler.completions(self.group_size), self.env.now)
             self.admitted += 1
             self.dispatch(group)
+
+    def capacity(self) -> int:
+        """Rollouts that may be admitted now (``tokenflow.buffer.admission_capacity``); the
+        simulator has no dynamic sampling, so no admitted rollout ever leaves the count."""
+        return admission_capacity(self.engine_version, self.max_staleness, self.rollouts_per_step,
+                                  self.admitted * self.group_size)
 
     def group_done(self, group: SimGroup) -> None:
         """Called by an engine when the last rollout of ``group`` finishes."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenflow.sim.config import SimConfig
+from tokenflow.config.sim import SimConfig
 
 
 @dataclass(frozen=True)

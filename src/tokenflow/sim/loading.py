@@ -1,8 +1,10 @@
 """Build a :class:`SimConfig` from layers: preset < TOML file < dotted overrides < sweep point.
 
-Each layer is a raw ``{section: {key: value}}`` dict. The training config's sections that
-describe the pipeline are translated into the simulator's own sections first (table
-``TRAINING_KEYS``), so a training TOML works unchanged; the rest of the training config is
+Each layer is a raw ``{section: {key: value}}`` dict. The training config's keys that describe
+the pipeline (``rollout.max_staleness``, ``sync.every``, ...) are the simulator's names for it,
+in a TOML file, an override or a sweep; the simulator's own ``[workload]`` / ``[pipeline]`` keys
+are their aliases (table ``TRAINING_KEYS``, docs/simulate.md). Training keys are translated
+onto the aliases first, so a training TOML works unchanged; the rest of the training config is
 ignored. Unknown keys in the simulator's own sections are refused with the list of valid keys.
 """
 
@@ -18,7 +20,7 @@ import tomllib
 from pydantic import ValidationError
 
 from tokenflow.config.loading import ConfigError as _TrainConfigError
-from tokenflow.sim.config import SimConfig
+from tokenflow.config.sim import SimConfig
 from tokenflow.sim.presets import PRESETS
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ TRAINING_KEYS: dict[tuple[str, str], tuple[str, str]] = {
     ("sync", "transport"): ("pipeline", "transport"),
     ("sync", "bucket_mb"): ("pipeline", "bucket_mb"),
 }
-"""(training section, key) -> (simulator section, key)."""
+"""(training section, key) -> (simulator section, key): each training key and its simulator alias."""
 
 
 class ConfigError(_TrainConfigError):

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tokenflow.sim.config import SimConfig
+from tokenflow.config.sim import SimConfig
 from tokenflow.sim.costs import Costs
 from tokenflow.sim.recorder import ENGINE_STATES, Recorder, StepRecord
 

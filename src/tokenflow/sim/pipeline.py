@@ -16,8 +16,8 @@ import logging
 
 import simpy
 
+from tokenflow.config.sim import SimConfig
 from tokenflow.sim.buffer import SimBuffer
-from tokenflow.sim.config import SimConfig
 from tokenflow.sim.costs import Costs
 from tokenflow.sim.engine import SimEngine
 from tokenflow.sim.metrics import SimResult, summarise

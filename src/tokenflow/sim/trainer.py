@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from tokenflow.config.sync import sync_due
 from tokenflow.sim.buffer import SimBuffer
 from tokenflow.sim.costs import Costs
 from tokenflow.sim.recorder import Recorder, StepRecord
@@ -86,7 +87,8 @@ class SimTrainer:
             self.version += 1
             self._set(training=False, active=True)
             train_end = sync_start = env.now
-            if self.version % self.sync_every == 0:
+            # The runtime's rule, less its push after the run's last step (the simulation ends there).
+            if sync_due(self.version, self.sync_every):
                 sync_start = yield from self._sync()
             self._set(training=False, active=False)
             self.rec.step(StepRecord(index=index, start_s=start, data_s=data, train_end_s=train_end,

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from tokenflow.sim.config import WorkloadConfig
+from tokenflow.config.sim import WorkloadConfig
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.9
 

@@ -65,12 +65,13 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float, backen
             time.sleep(0.01)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
+        opts._timeout = timeout  # noqa: SLF001 - torch sets a group's timeout only here
         return dist.ProcessGroupNCCL(store, rank, world, opts), store
+    # torch's Gloo options (timeout, devices, threads) have no public setters
     opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [_device(host) for _ in range(streams)]
-    opts._threads = max(2, streams)
+    opts._timeout = timeout  # noqa: SLF001 - as above
+    opts._devices = [_device(host) for _ in range(streams)]  # noqa: SLF001 - as above
+    opts._threads = max(2, streams)  # noqa: SLF001 - as above
     return dist.ProcessGroupGloo(store, rank, world, opts), store
 
 

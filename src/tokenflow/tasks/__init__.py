@@ -1,4 +1,8 @@
-"""Tasks: a prompt source plus a reward function."""
+"""Tasks: a prompt source plus a reward function, and how prompt texts become token ids
+(`tokenflow.tasks.prompts`, the one encoding training and evaluation share).
+
+May import: layers 1-3 (records and wiring above all); no other package of layer 4.
+"""
 
 from __future__ import annotations
 

@@ -240,3 +240,20 @@ def micro_batches(seqs: list[TrainSequence], budget: int, packed: bool = True,
     widths = [sum(len(seqs[i].input_ids) for i in row) for row in rows]
     return [collate_rows([[seqs[i] for i in rows[r]] for r in group], device)
             for group in stack_rows(widths, budget, max_rows)]
+
+
+@dataclass
+class MicroBatcher:
+    """How a trainer cuts sequences into micro-batches: ``trainer.micro_batch_tokens``,
+    ``pack_sequences`` and ``pack_row_tokens``, one row per micro-batch when a runner cannot run
+    several (``max_rows = 1``). A sharded trainer's batcher keeps its rank's share."""
+
+    budget: int
+    packed: bool
+    device: torch.device | str
+    row_tokens: int | None = None
+    max_rows: int | None = None
+
+    def __call__(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
+        return micro_batches(seqs, self.budget, self.packed, self.device,
+                             row_tokens=self.row_tokens, max_rows=self.max_rows)

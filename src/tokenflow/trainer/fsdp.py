@@ -34,12 +34,16 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from tokenflow.trainer.batch import MicroBatch, TrainSequence, collate
-from tokenflow.trainer.checkpoint import set_rng_state
+from tokenflow.algorithms.stats import Accumulator
+from tokenflow.trainer.batch import MicroBatch, MicroBatcher, TrainSequence, collate
+from tokenflow.trainer.checkpointing import TrainingState, set_rng_state
 from tokenflow.trainer.distributed import RankGroup, partition
-from tokenflow.trainer.model import CausalLMRunner
+from tokenflow.trainer.model.runner import CausalLMRunner
+from tokenflow.trainer.passes import NoGradPasses
 from tokenflow.trainer.schedule import build_scheduler
+from tokenflow.trainer.stepping import Stepper
 from tokenflow.trainer.trainer import Trainer
+from tokenflow.trainer.weights import PolicyWeights
 
 
 def shard_model(model: torch.nn.Module, world_size: int, device_type: str) -> None:
@@ -56,15 +60,20 @@ def shard_model(model: torch.nn.Module, world_size: int, device_type: str) -> No
             m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM/AVG
 
 
-def _forward(self, *args, tokenflow_rows: torch.Tensor | None = None, **kwargs):
-    """The root's forward. FSDP2 gathers the root unit's parameters in the root's forward
-    hook, so the rows path (decoder, gather the target positions, output head) must run inside
-    it rather than call the decoder directly as ``CausalLMRunner`` does."""
-    if tokenflow_rows is None:
-        return self._tokenflow_forward(*args, **kwargs)
-    out = self.get_decoder()(*args, **kwargs)
-    hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[tokenflow_rows]
-    return self.get_output_embeddings()(hidden), hidden
+def _rows_forward(inner):
+    """The root's forward around its own ``inner`` forward. FSDP2 gathers the root unit's
+    parameters in the root's forward hook, so the rows path (decoder, gather the target
+    positions, output head) must run inside it rather than call the decoder directly as
+    ``CausalLMRunner`` does."""
+
+    def forward(self, *args, tokenflow_rows: torch.Tensor | None = None, **kwargs):
+        if tokenflow_rows is None:
+            return inner(*args, **kwargs)
+        out = self.get_decoder()(*args, **kwargs)
+        hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[tokenflow_rows]
+        return self.get_output_embeddings()(hidden), hidden
+
+    return forward
 
 
 class ShardedRunner(CausalLMRunner):
@@ -73,8 +82,7 @@ class ShardedRunner(CausalLMRunner):
 
     def __init__(self, model, device, dtype) -> None:
         super().__init__(model, device, dtype)
-        model._tokenflow_forward = model.forward
-        model.forward = types.MethodType(_forward, model)
+        model.forward = types.MethodType(_rows_forward(model.forward), model)
 
     def _rows(self, mb: MicroBatch, want_hidden: bool):
         with self.autocast():
@@ -89,37 +97,35 @@ def _padding_batch(device) -> MicroBatch:
                         versions=one, loss_mask=np.zeros(1, bool), keep=np.zeros(1, bool), temperature=1.0,
                         support=None)
     mb = collate([seq], device)
-    mb.seqs = []  # writes nothing back (``_score`` loops over seqs)
+    mb.seqs = []  # writes nothing back (``NoGradPasses.score`` loops over seqs)
     mb.padding = True
     return mb
 
 
-class FSDPTrainer(Trainer):
-    """``Trainer`` over ``group.world`` ranks; every rank constructs it and calls the same methods."""
+class ShardedBatcher(MicroBatcher):
+    """This rank's share of the sequences (balanced by tokens), as micro-batches, then padding
+    micro-batches up to the busiest rank's count."""
 
-    def __init__(self, model, config, algorithm, *, group: RankGroup, version: int = 0, tokenizer=None) -> None:
-        super().__init__(model, config, algorithm, version=version, tokenizer=tokenizer)
+    def __init__(self, batcher: MicroBatcher, group: RankGroup) -> None:
+        super().__init__(batcher.budget, batcher.packed, batcher.device, batcher.row_tokens, batcher.max_rows)
         self.group = group
-        shard_model(self.model, group.world, self.device.type)
-        self.runner = ShardedRunner(self.model, self.device, config.dtype)
-        # The parameters are DTensors now: the optimizer must hold those, not the originals.
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
-                                           eps=config.adam_eps)
-        self.scheduler = build_scheduler(self.optimizer, config)
 
-    @property
-    def is_writer(self) -> bool:
-        return self.group.rank == 0
-
-    # ---- the split -------------------------------------------------------------------------
-    def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
+    def __call__(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
         share = set(partition([len(s.input_ids) for s in seqs], self.group.world)[self.group.rank])
-        mine = super()._micro_batches([s for k, s in enumerate(seqs) if k in share]) if share else []
+        mine = super().__call__([s for k, s in enumerate(seqs) if k in share]) if share else []
         most = self.group.all_reduce(torch.tensor([len(mine)], device=self.device), dist.ReduceOp.MAX)
         return mine + [_padding_batch(self.device) for _ in range(int(most.item()) - len(mine))]
 
-    def _score(self, seqs, n, with_values, runner=None):
-        logps, values = super()._score(seqs, n, with_values, runner)
+
+class ShardedPasses(NoGradPasses):
+    """No-grad passes over this rank's share; every rank ends with every rollout's numbers."""
+
+    def __init__(self, group: RankGroup, **parts) -> None:
+        super().__init__(**parts)
+        self.group = group
+
+    def score(self, seqs, n, with_values, runner=None):
+        logps, values = super().score(seqs, n, with_values, runner)
         mine = {s.index for s in seqs} & {i for i, lp in enumerate(logps) if len(lp)}
         from safetensors.numpy import load, save
 
@@ -130,30 +136,28 @@ class FSDPTrainer(Trainer):
                 (logps if kind == "lp" else values)[int(i)] = arr
         return logps, values
 
-    def _accumulate(self, mb, adv, prox, old_values, counts, acc, **kw) -> None:
+
+class ShardedStepper(Stepper):
+    """Padding micro-batches run a zero loss (FSDP's collectives); the optimizer step sums the
+    step's statistics over ranks and clips by the global gradient norm."""
+
+    def __init__(self, group: RankGroup, **parts) -> None:
+        super().__init__(**parts)
+        self.group = group
+
+    def accumulate(self, mb, adv, prox, old_values, counts, acc, **kw) -> None:
         if not getattr(mb, "padding", False):
-            return super()._accumulate(mb, adv, prox, old_values, counts, acc, **kw)
+            return super().accumulate(mb, adv, prox, old_values, counts, acc, **kw)
         logits, hidden = self.runner(mb, want_hidden=self.value_head is not None)
         zero = logits.float().sum() * 0.0
         if self.value_head is not None:
             zero = zero + self.value_head(hidden).sum() * 0.0
         zero.backward()
 
-    def train_step(self, rollouts, *, global_counts=None) -> dict[str, float]:
-        metrics = super().train_step(rollouts, global_counts=global_counts)
-        local = torch.tensor([metrics["perf/train_tokens"], metrics["perf/micro_batches"]],
-                             dtype=torch.float64, device=self.device)
-        tokens, mbs = self.group.all_reduce(local).tolist()
-        metrics["perf/tokens_per_s"] *= tokens / max(metrics["perf/train_tokens"], 1.0)
-        metrics.update({"perf/train_tokens": tokens, "perf/micro_batches": mbs,
-                        "perf/trainer_ranks": float(self.group.world)})
-        return metrics
-
-    # ---- the optimizer step: global statistics, global norm ---------------------------------
-    def _optimizer_step(self) -> tuple[float, float, bool]:
-        # This optimizer step's statistics (``Trainer._step_acc``), summed over the ranks once.
-        if self._step_acc is not None:
-            reduce_accumulator(self._step_acc, self.group, self.device)
+    def optimizer_step(self, acc: Accumulator | None = None) -> tuple[float, float, bool]:
+        # This optimizer step's statistics, summed over the ranks once.
+        if acc is not None:
+            reduce_accumulator(acc, self.group, self.device)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         replicated = [p for p in params if not isinstance(p.grad, DTensor)]  # the value head
         for p in replicated:
@@ -179,7 +183,14 @@ class FSDPTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         return norm, lr, skipped
 
-    # ---- weights and checkpoints (collectives: every rank calls them) -----------------------
+
+class ShardedWeights(PolicyWeights):
+    """Weights out of a sharded policy: collectives, so every rank calls them."""
+
+    def __init__(self, group: RankGroup, **parts) -> None:
+        super().__init__(**parts)
+        self.group = group
+
     def named_weights(self, cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors one at a time (a gather per tensor, on every rank); on CPU unless
         ``cpu=False`` (then on the trainer's device, as a GPU broadcast wants them)."""
@@ -196,21 +207,38 @@ class FSDPTrainer(Trainer):
         for name, t in self.model.state_dict().items():
             yield name, torch.empty(t.shape, dtype=t.dtype, device="meta")
 
-    def state_dict(self) -> dict:
-        """As ``Trainer.state_dict``, with weights and optimizer state gathered in full (by
-        parameter name, on CPU): the same on every rank, which must all call it."""
+    def save_pretrained(self, directory: str | Path) -> Path:
+        weights = dict(self.named_weights())
+        directory = Path(directory)
+        if self.group.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(directory, state_dict=weights)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(directory)
+        return directory
+
+
+class ShardedTrainingState(TrainingState):
+    """Checkpoint state with weights and optimizer state gathered in full (by parameter name,
+    on CPU): the same on every rank, which must all call it."""
+
+    def __init__(self, weights: ShardedWeights, **parts) -> None:
+        super().__init__(**parts)
+        self.weights = weights
+
+    def state_dict(self, version: int) -> dict:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
         )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = super().state_dict()
-        state["model"] = dict(self.named_weights())
+        state = super().state_dict(version)
+        state["model"] = dict(self.weights.named_weights())
         state["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> int:
         """Optimizer (full, by parameter name; each rank keeps its shard), scheduler, version,
         RNG; the weights come from the checkpoint's model folder, loaded before sharding."""
         from torch.distributed.checkpoint.state_dict import (
@@ -221,27 +249,67 @@ class FSDPTrainer(Trainer):
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-        if self.value_head is not None:
-            self.value_head.load_state_dict(state["value_head"])
+        self.load_value_head(state)
         set_rng_state(state.get("rng") or {})
+        return int(state["version"])
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        weights = dict(self.named_weights())
-        directory = Path(directory)
-        if self.is_writer:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory, state_dict=weights)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(directory)
-        return directory
+
+class FSDPTrainer(Trainer):
+    """``Trainer`` over ``group.world`` ranks; every rank constructs it and calls the same methods."""
+
+    def __init__(self, model, config, algorithm, *, group: RankGroup, version: int = 0, tokenizer=None) -> None:
+        self.group = group
+        super().__init__(model, config, algorithm, version=version, tokenizer=tokenizer)
+
+    @property
+    def is_writer(self) -> bool:
+        return self.group.rank == 0
+
+    def _assemble(self) -> None:
+        """Shard the policy, then build the sharded collaborators over it."""
+        config = self.config
+        shard_model(self.model, self.group.world, self.device.type)
+        self.runner = ShardedRunner(self.model, self.device, config.dtype)
+        # The parameters are DTensors now: the optimizer must hold those, not the originals.
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
+                                           eps=config.adam_eps)
+        self.scheduler = build_scheduler(self.optimizer, config)
+        super()._assemble()
+        g = self.group
+        self.batcher = ShardedBatcher(self.batcher, g)
+        self.passes = ShardedPasses(g, algorithm=self.algorithm, model=self.model, runner=self.runner,
+                                    ref_runner=self.ref_runner, value_head=self.value_head, routing=self.routing,
+                                    batcher=self.batcher, chunk=config.logprob_chunk_tokens)
+        self.stepper = ShardedStepper(g, config=config, algorithm=self.algorithm, device=self.device,
+                                      runner=self.runner, ref_runner=self.ref_runner, value_head=self.value_head,
+                                      routing=self.routing, optimizer=self.optimizer)
+        self.weights = ShardedWeights(g, model=self.model, is_lora=self.is_lora, device=self.device,
+                                      tokenizer=self.tokenizer)
+        self.checkpoints = ShardedTrainingState(self.weights, model=self.model, is_lora=self.is_lora,
+                                                value_head=self.value_head, optimizer=self.optimizer,
+                                                scheduler=self.scheduler)
+
+    def train_step(self, rollouts, *, global_counts=None) -> dict[str, float]:
+        metrics = super().train_step(rollouts, global_counts=global_counts)
+        local = torch.tensor([metrics["perf/train_tokens"], metrics["perf/micro_batches"]],
+                             dtype=torch.float64, device=self.device)
+        tokens, mbs = self.group.all_reduce(local).tolist()
+        metrics["perf/tokens_per_s"] *= tokens / max(metrics["perf/train_tokens"], 1.0)
+        metrics.update({"perf/train_tokens": tokens, "perf/micro_batches": mbs,
+                        "perf/trainer_ranks": float(self.group.world)})
+        return metrics
+
+    def weight_shapes(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Names, shapes and dtypes of ``named_weights()`` as meta tensors (no collective)."""
+        return self.weights.weight_shapes()
 
 
 def reduce_accumulator(acc, group: RankGroup, device) -> None:
-    """Sum the step's running sums across ranks, and take the min of minima and max of maxima.
-    (Reaches into ``Accumulator``'s three dicts: they are its whole state.)"""
-    for table, op, empty in ((acc._sums, dist.ReduceOp.SUM, 0.0), (acc._mins, dist.ReduceOp.MIN, math.inf),
-                             (acc._maxs, dist.ReduceOp.MAX, -math.inf)):
+    """Sum the step's running sums across ranks, and take the min of minima and max of maxima
+    (``Accumulator.tables``: its whole state, rewritten in place)."""
+    tables = acc.tables()
+    for table, op, empty in ((tables["sum"], dist.ReduceOp.SUM, 0.0), (tables["min"], dist.ReduceOp.MIN, math.inf),
+                             (tables["max"], dist.ReduceOp.MAX, -math.inf)):
         gathered = group.all_gather_bytes(json.dumps(sorted(table)).encode())
         names = sorted({k for keys in gathered for k in json.loads(keys)})
         if not names:

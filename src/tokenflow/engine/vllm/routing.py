@@ -11,7 +11,7 @@ experts): one row per token the model read, prompt included, on vLLM's *decoder-
 * the layer axis cut down to the sparse layers, in layer order — the order of the trainer's
   routers (`tokenflow.trainer.keep_routing.find_routers`) — by the families' own placement rule
   (`decoder_sparse_step`, `mlp_only_layers`; Mixtral and OLMoE: every layer);
-* the built-in engine's compact dtype (`compact_dtype`);
+* the compact dtype every backend stores expert ids in (`tokenflow.engine.routing`);
 * a resumed rollout's rows joined as the built-in engine joins them (`Sequence._routing`): the
   prefix keeps the rows of the forward that produced its tokens, the continuation's request
   (prompt + prefix, prefilled again) supplies the rest, and a prefix without a record gives
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenflow.engine.model_runner import compact_dtype
-from tokenflow.engine.models.moe import is_sparse_layer
+from tokenflow.engine.routing import expert_id_dtype, is_sparse_layer
 from tokenflow.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -86,7 +85,7 @@ def layout(hf_config) -> RoutingLayout | str | None:
     layers = tuple(i for i in range(hf_config.num_hidden_layers) if is_sparse_layer(hf_config, i))
     if not layers:
         return None
-    dtype = np.dtype(str(compact_dtype(experts)).removeprefix("torch."))  # as the built-in engine stores it
+    dtype = expert_id_dtype(experts)  # as every backend stores it
     return RoutingLayout(layers, int(hf_config.num_experts_per_tok), dtype)
 
 

@@ -1,5 +1,6 @@
-"""Where the workers run, behind one surface the orchestrator talks to (``engines``,
-``trainer``, ``recv``, ``broadcast``, ``check``, ``shutdown``):
+"""Where the workers run, behind one typed surface the orchestrator talks to
+(``protocol.Backend``: ``engines``, ``trainer``, ``recv``, ``broadcast``, ``check``, replacing
+workers, ``shutdown``):
 
 * ``local``: spawned or fork-server processes on this machine, no services;
 * ``ray``: Ray actors on one machine or a cluster, with restarts and a scorer pool of actors.

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenflow.errors import CheckpointError
+from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.orchestrator import run_state
-from tokenflow.runtime.orchestrator.run_state import RunFailed
+from tokenflow.runtime.orchestrator.routing import maybe_unpause
+from tokenflow.runtime.orchestrator.run_state import RunFailed, RunState
 from tokenflow.runtime.run.inflight_files import encode_inflight, trim_to_version
 from tokenflow.runtime.workers import messages as M
 
@@ -39,7 +41,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
+class PendingCheckpoint:
+    """One checkpoint from ``begin`` to its commit."""
+
     step: int
     staging: Path
     state: dict
@@ -55,10 +59,10 @@ class _Pending:
 
 
 class Checkpointer:
-    def __init__(self, orch) -> None:
-        self.orch = orch
-        self.background = orch.cfg.run.checkpoint_background
-        self.pending: list[_Pending] = []
+    def __init__(self, state: RunState, backend: Backend) -> None:
+        self.state, self.backend = state, backend
+        self.background = state.cfg.run.checkpoint_background
+        self.pending: list[PendingCheckpoint] = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenflow-checkpoint")
         self.stalls: list[float] = []
         self.totals: list[float] = []  # begin to committed
@@ -70,20 +74,20 @@ class Checkpointer:
 
     # ---- taking one ------------------------------------------------------------------------
     def begin(self) -> None:
-        o = self.orch
+        o, backend = self.state, self.backend
         t0 = time.monotonic()
         staging = o.run_dir.staging_dir(o.step)
         o.trainer_busy = True
-        o.last_msg_from[o.backend.trainer.name] = time.monotonic()
-        o.backend.trainer.send(M.Save(str(staging), background=self.background))
+        o.last_msg_from[backend.trainer.name] = time.monotonic()
+        backend.trainer.send(M.Save(str(staging), background=self.background))
         in_flight = set(o.buffer.in_flight) - set(o.buffer.ready)
         episodes = bool(getattr(o.cfg.task, "env", None))  # an episode's state lives in objects
-        p = _Pending(o.step, staging, run_state.state_of(o), o.buffer.state_dict(), t0,
-                     set() if episodes else {h.name for h in o.backend.engines}, in_flight,
-                     unkeepable=set(in_flight) if episodes else set())
+        p = PendingCheckpoint(o.step, staging, run_state.state_of(o), o.buffer.state_dict(), t0,
+                              set() if episodes else {h.name for h in backend.engines}, in_flight,
+                              unkeepable=set(in_flight) if episodes else set())
         if not episodes:
             p.kept = {gid: list(rs) for gid, rs in o.scoring.items() if gid in in_flight}
-            for h in o.backend.engines:
+            for h in backend.engines:
                 h.send(M.ReportInFlight(o.step))
         self.pending.append(p)
 
@@ -99,8 +103,8 @@ class Checkpointer:
     def on_written(self, msg: M.SaveWritten) -> None:
         p = next(p for p in self.pending if str(p.staging) == msg.directory)
         if msg.error:
-            self.orch.run_dir.discard_staging(p.staging)
-            raise RunFailed(self.orch.run_dir.write_failure(p.step, msg.error, msg.errno))
+            self.state.run_dir.discard_staging(p.staging)
+            raise RunFailed(self.state.run_dir.write_failure(p.step, msg.error, msg.errno))
         p.written = msg
         p.trainer_free = True  # the files are written from its copy (or, inline, before it answered)
         self._maybe_commit(p)
@@ -123,7 +127,7 @@ class Checkpointer:
                 p.awaiting.discard(name)
                 self._maybe_commit(p)
 
-    def _maybe_commit(self, p: _Pending) -> None:
+    def _maybe_commit(self, p: PendingCheckpoint) -> None:
         if p.written is None or p.awaiting or p.future is not None:
             return
         if self.background:
@@ -136,7 +140,7 @@ class Checkpointer:
             p.future.set_exception(e)
         self.poll()
 
-    def _commit(self, p: _Pending) -> Path:
+    def _commit(self, p: PendingCheckpoint) -> Path:
         kept = {}
         for gid, rollouts in p.kept.items():
             trimmed = [trim_to_version(r, p.step) for r in rollouts]
@@ -144,8 +148,8 @@ class Checkpointer:
             if trimmed:
                 kept[gid] = trimmed
         files = encode_inflight(p.step, kept, sorted(p.unkeepable))
-        return self.orch.run_dir.commit_checkpoint(p.staging, p.step, p.state, p.buffer_state,
-                                                   self.orch.cfg.run.keep_checkpoints, files)
+        return self.state.run_dir.commit_checkpoint(p.staging, p.step, p.state, p.buffer_state,
+                                                    self.state.cfg.run.keep_checkpoints, files)
 
     def poll(self) -> None:
         """Finish the checkpoints whose commit is done (a failed one stops the run)."""
@@ -162,12 +166,12 @@ class Checkpointer:
             if not self.background:
                 self._free_trainer(p)
 
-    def _free_trainer(self, p: _Pending) -> None:
+    def _free_trainer(self, p: PendingCheckpoint) -> None:
         stall = time.monotonic() - p.t0
         self.stalls.append(stall)
         self._row["time/checkpoint_stall_s"] = stall
-        self.orch.trainer_busy = False
-        self.orch._maybe_unpause()  # blocking mode: a load that landed during the save unpauses nothing
+        self.state.trainer_busy = False
+        maybe_unpause(self.state, self.backend)  # blocking mode: a load that landed during the save unpauses nothing
 
     # ---- reporting, closing ----------------------------------------------------------------
     def take_metrics(self) -> dict[str, float]:
@@ -187,17 +191,17 @@ class Checkpointer:
         self._pool.shutdown(wait=True)
         for p in self.pending:
             if p.future is None:
-                self.orch.run_dir.discard_staging(p.staging)
+                self.state.run_dir.discard_staging(p.staging)
 
 
-def resume_kept(orch, kept: dict, unkeepable: list[int], source: str) -> dict[int, tuple]:
+def resume_kept(state: RunState, kept: dict, unkeepable: list[int], source: str) -> dict[int, tuple]:
     """The kept rollouts of each in-flight group a resume regenerates (checked against its
-    prompt), and ``orch.resume_counts``: rollouts kept (finished or partial) and their tokens,
+    prompt), and ``state.resume_counts``: rollouts kept (finished or partial) and their tokens,
     rollouts generated again, rollouts whose state could not be kept."""
-    n, max_tokens = orch.cfg.rollout.group_size, orch.cfg.sampling.max_tokens
+    n, max_tokens = state.cfg.rollout.group_size, state.cfg.sampling.max_tokens
     counts: Counter = Counter()
     out = {}
-    pending = {gid for gid in orch.buffer.in_flight if gid not in orch.buffer.ready}
+    pending = {gid for gid in state.buffer.in_flight if gid not in state.buffer.ready}
     stray = sorted(set(kept) - pending)
     if stray:
         raise CheckpointError(f"{source} holds groups {stray[:5]} that the buffer does not list as in flight; the "
@@ -207,7 +211,7 @@ def resume_kept(orch, kept: dict, unkeepable: list[int], source: str) -> dict[in
             counts["unkeepable_rollouts"] += n
             continue
         rollouts = kept.get(gid, [])
-        prompt_ids = orch.encode(orch.prompts[gid].text) if rollouts else []
+        prompt_ids = state.encode(state.prompts[gid].text) if rollouts else []
         good = {}
         for r in rollouts:
             if r.sample_index >= n or r.sample_index in good or r.prompt_ids.tolist() != prompt_ids:
@@ -223,9 +227,9 @@ def resume_kept(orch, kept: dict, unkeepable: list[int], source: str) -> dict[in
         counts["regenerated_rollouts"] += n - len(good)
         if good:
             out[gid] = tuple(good[i] for i in sorted(good))
-    orch.resume_counts = {k: counts[k] for k in ("kept_rollouts", "kept_finished_rollouts", "kept_tokens",
+    state.resume_counts = {k: counts[k] for k in ("kept_rollouts", "kept_finished_rollouts", "kept_tokens",
                                                  "regenerated_rollouts", "unkeepable_rollouts")}
     if pending:
         log.info("resuming %d in-flight groups: %d rollouts kept (%d of them finished; %d tokens), %d generated again, "
-                 "%d not keepable (environment state)", len(pending), *orch.resume_counts.values())
+                 "%d not keepable (environment state)", len(pending), *state.resume_counts.values())
     return out

@@ -31,9 +31,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.orchestrator.autoscale import AutoScale, reading
-from tokenflow.runtime.orchestrator.run_state import RunFailed
-from tokenflow.runtime.orchestrator.restarts import readmit
+from tokenflow.runtime.orchestrator.checkpoints import Checkpointer
+from tokenflow.runtime.orchestrator.heldout import HeldOutEval
+from tokenflow.runtime.orchestrator.routing import readmit
+from tokenflow.runtime.orchestrator.run_state import RunFailed, RunState
 from tokenflow.runtime.run.control import ControlInbox
 from tokenflow.runtime.workers import messages as M
 
@@ -56,15 +59,15 @@ class Change:
 
 
 class Elastic:
-    def __init__(self, orch) -> None:
-        self.orch = orch
-        cfg = orch.cfg.runtime
+    def __init__(self, state: RunState, backend: Backend, *, checkpoints: Checkpointer, heldout: HeldOutEval) -> None:
+        self.state, self.backend, self.checkpoints, self.heldout = state, backend, checkpoints, heldout
+        cfg = state.cfg.runtime
         self.scaler = None
         if cfg.backend == "ray":
             from tokenflow.runtime.backends.ray.elastic import RayEngineScaler
 
-            self.scaler = RayEngineScaler(orch.backend)
-        self.control = ControlInbox(orch.run_dir.root)
+            self.scaler = RayEngineScaler(backend)
+        self.control = ControlInbox(state.run_dir.root)
         self.queue: collections.deque[Change] = collections.deque()
         self.change: Change | None = None
         self.retired: set[str] = set()
@@ -78,7 +81,7 @@ class Elastic:
         self._window = None  # (step, wall, trainer busy, engine wall, engine busy) at the last reading
         self._next_poll = 0.0
         self._status = None
-        self.events = open(orch.run_dir.engines_log, "a", encoding="utf-8")
+        self.events = open(state.run_dir.engines_log, "a", encoding="utf-8")
 
     # ---- what the orchestrator asks ------------------------------------------------------
     def admits(self, env) -> bool:
@@ -87,7 +90,7 @@ class Elastic:
         msg = env.message
         if env.worker in self.retired:
             if isinstance(msg, M.EngineStatus):
-                self.orch.engine_totals.update(env.worker, msg)
+                self.state.engine_totals.update(env.worker, msg)
             return False
         if isinstance(msg, M.WeightsLoaded):
             self.loads.setdefault(env.worker, []).append(msg.version)
@@ -104,7 +107,7 @@ class Elastic:
         return self.change is not None and self.change.stage == "resizing"
 
     def tick(self) -> None:
-        orch, now = self.orch, time.monotonic()
+        state, now = self.state, time.monotonic()
         if now >= self._next_poll:
             self._next_poll = now + POLL_EVERY_S
             for req in self.control.poll():
@@ -118,7 +121,7 @@ class Elastic:
             self._begin(self.change)
         self._autoscale()
         self._write_status()
-        if orch.step >= orch.cfg.run.steps:
+        if state.step >= state.cfg.run.steps:
             self._finish_window()
 
     def close(self) -> None:
@@ -137,15 +140,15 @@ class Elastic:
 
     def summary(self) -> dict:
         return {"added": self.added, "removed": self.removed, "readmitted_groups": self.readmitted,
-                "final": [e.name for e in self.orch.backend.engines]}
+                "final": [e.name for e in self.backend.engines]}
 
     # ---- requests ------------------------------------------------------------------------
     def _request(self, req) -> None:
-        orch, rt = self.orch, self.orch.cfg.runtime
+        state, rt = self.state, self.state.cfg.runtime
         if self.scaler is None:
             return self.control.reply(req.id, "failed", 'engines join and leave a run on the Ray backend only '
                                       '(runtime.backend = "ray"); this run uses the local backend')
-        if orch.step >= orch.cfg.run.steps:
+        if state.step >= state.cfg.run.steps:
             return self.control.reply(req.id, "failed", "the run is finishing; nothing is changed")
         after = self._planned() + (req.count if req.op == "add" else -req.count)
         if req.op == "add" and rt.max_engines is not None and after > rt.max_engines:
@@ -155,7 +158,7 @@ class Elastic:
             if after < rt.min_engines:
                 return self.control.reply(req.id, "failed", f"that would leave {after} engine(s); "
                                           f"runtime.min_engines is {rt.min_engines}")
-            names = [e.name for e in orch.backend.engines]
+            names = [e.name for e in self.backend.engines]
             if req.engine is not None and req.engine not in names:
                 return self.control.reply(req.id, "failed", f"no engine {req.engine!r} runs now (the engines: "
                                           f"{', '.join(names)})")
@@ -167,7 +170,7 @@ class Elastic:
 
     def _planned(self) -> int:
         """Engines once every queued and running change is done."""
-        n = len(self.orch.backend.engines)
+        n = len(self.backend.engines)
         for c in [*self.queue, *([self.change] if self.change is not None else [])]:
             if c.op == "add" and c.stage in ("queued", "placing", "booting"):
                 n += 1
@@ -176,7 +179,7 @@ class Elastic:
         return n
 
     def _can_change(self) -> bool:
-        o = self.orch
+        o = self.state
         return o.sync_spec is not None and o.sync_broken is None and o.step < o.cfg.run.steps
 
     # ---- one change ----------------------------------------------------------------------
@@ -187,7 +190,7 @@ class Elastic:
             c.stage = "placing"
             log.info("adding %s (%s)", c.engine.name, c.why)
             return
-        engines = [e for e in self.orch.backend.engines if getattr(e, "accepting", True)]
+        engines = [e for e in self.backend.engines if e.accepting]
         if c.name is not None:
             chosen = next((e for e in engines if e.name == c.name), None)
         else:  # the least loaded; of equals, the newest
@@ -200,7 +203,7 @@ class Elastic:
         self._remove(c)
 
     def _advance(self, c: Change, now: float) -> None:
-        orch, w = self.orch, c.engine
+        state, w = self.state, c.engine
         if c.stage == "placing":
             try:
                 if self.scaler.started(w):
@@ -209,22 +212,22 @@ class Elastic:
             except Exception as e:  # noqa: BLE001 - Ray could not place it: the run goes on without it
                 self._fail(c, str(e).splitlines()[0])
         elif c.stage == "booting":
-            if w.name in orch.booted:
+            if w.name in state.booted:
                 self._join(c)
-            elif now - c.since > orch.cfg.runtime.worker_timeout_s:
-                self._fail(c, f"{w.name} did not load its model within {orch.cfg.runtime.worker_timeout_s:g}s "
+            elif now - c.since > state.cfg.runtime.worker_timeout_s:
+                self._fail(c, f"{w.name} did not load its model within {state.cfg.runtime.worker_timeout_s:g}s "
                               "(runtime.worker_timeout_s)")
         elif c.stage == "resizing":
-            if orch.sync_spec is not c.spec:  # attach_reformed ran: every engine attaches to the new sync
+            if state.sync_spec is not c.spec:  # attach_reformed ran: every engine attaches to the new sync
                 if c.op == "remove":
                     self.scaler.retire(w)
                     self.removed.append(w.name)
                     self._event("removed", w.name, version=c.version, why=c.why)
                     return self._done(c, f"removed {w.name}")
                 c.stage = "loading"
-            elif now - c.since > orch.cfg.sync.timeout_s + orch.cfg.runtime.worker_timeout_s:
+            elif now - c.since > state.cfg.sync.timeout_s + state.cfg.runtime.worker_timeout_s:
                 raise RunFailed(f"the weight sync was not rebuilt for {w.name} within "
-                                f"{orch.cfg.sync.timeout_s + orch.cfg.runtime.worker_timeout_s:g}s")
+                                f"{state.cfg.sync.timeout_s + state.cfg.runtime.worker_timeout_s:g}s")
         if c.stage == "loading" and any(v >= c.version for v in self.loads.get(w.name, [])):
             w.accepting = True
             self.added.append(w.name)
@@ -233,36 +236,36 @@ class Elastic:
             self._done(c, f"{w.name} joined with version {c.version}")
 
     def _join(self, c: Change) -> None:
-        orch, w = self.orch, c.engine
+        state, w = self.state, c.engine
         self.scaler.join(w)
-        orch.last_msg_from[w.name] = time.monotonic()
-        if orch.blocking and orch.trainer_busy:
+        state.last_msg_from[w.name] = time.monotonic()
+        if state.blocking and state.trainer_busy:
             w.send(M.SetPaused(True))
         self._resize(c)
 
     def _remove(self, c: Change) -> None:
-        orch, w = self.orch, c.engine
+        state, w = self.state, c.engine
         self.scaler.detach(w)
         self.retired.add(w.name)
         w.send(M.AbortKind("train"))
         w.send(M.AbortKind("eval"))
-        orch.engine_versions.pop(w.name, None)
-        orch.last_msg_from.pop(w.name, None)
-        orch.buffer.set_engine_version(min(orch.engine_versions.values(), default=orch.step))
-        last = orch.engine_totals.per_engine.get(w.name)
+        state.engine_versions.pop(w.name, None)
+        state.last_msg_from.pop(w.name, None)
+        state.buffer.set_engine_version(min(state.engine_versions.values(), default=state.step))
+        last = state.engine_totals.per_engine.get(w.name)
         if last is not None:  # its counts stay in the totals; it runs nothing any more
-            orch.engine_totals.per_engine[w.name] = dataclasses.replace(last, running=0, waiting=0)
-        lost = sorted(gid for gid, (h, _) in orch.group_engine.items() if h is w)
+            state.engine_totals.per_engine[w.name] = dataclasses.replace(last, running=0, waiting=0)
+        lost = sorted(gid for gid, (h, _) in state.group_engine.items() if h is w)
         log.info("removing %s (%s); re-sending its in-flight groups %s", w.name, c.why, lost)
         self.readmitted += len(lost)
         self._event("readmitted", w.name, groups=lost)
-        readmit(orch, lost)
-        orch.checkpoints.engine_gone(w.name)  # a checkpoint waiting on its in-flight report goes on
+        readmit(self.state, self.backend, self.heldout, lost)
+        self.checkpoints.engine_gone(w.name)  # a checkpoint waiting on its in-flight report goes on
         self._resize(c)
 
     def _resize(self, c: Change) -> None:
-        c.spec, c.stage, c.since = self.orch.sync_spec, "resizing", time.monotonic()
-        self.orch.backend.trainer.send(M.ResizeSync(self.scaler.inboxes(), c.engine.name))
+        c.spec, c.stage, c.since = self.state.sync_spec, "resizing", time.monotonic()
+        self.backend.trainer.send(M.ResizeSync(self.scaler.inboxes(), c.engine.name))
 
     def _done(self, c: Change, message: str) -> None:
         log.info("%s", message)
@@ -273,12 +276,12 @@ class Elastic:
         if c.request is not None:
             self.requests_left[c.request] -= 1
             if self.requests_left[c.request] == 0:
-                self.control.reply(c.request, "done", message, engines=[e.name for e in self.orch.backend.engines])
+                self.control.reply(c.request, "done", message, engines=[e.name for e in self.backend.engines])
             else:
                 self.control.reply(c.request, "accepted", message)
 
     def _fail(self, c: Change, why: str) -> None:
-        log.warning("engine change failed: %s; the run goes on with %d engine(s)", why, len(self.orch.backend.engines))
+        log.warning("engine change failed: %s; the run goes on with %d engine(s)", why, len(self.backend.engines))
         if c.op == "add" and c.engine is not None:
             self.scaler.discard(c.engine)
         self._event("failed", getattr(c.engine, "name", c.name), op=c.op, error=why)
@@ -307,11 +310,11 @@ class Elastic:
 
     # ---- runtime.elastic -----------------------------------------------------------------
     def _autoscale(self) -> None:
-        orch = self.orch
-        if self.policy is None or orch.t_train0 is None:
+        state = self.state
+        if self.policy is None or state.t_train0 is None:
             return
-        point = (orch.step, orch.wall_s(), orch.idle.trainer_busy_s, orch.engine_totals.total("wall_s"),
-                 orch.engine_totals.total("busy_s"))
+        point = (state.step, state.wall_s(), state.idle.trainer_busy_s, state.engine_totals.total("wall_s"),
+                 state.engine_totals.total("busy_s"))
         if self._window is None or self.change is not None or self.queue:
             self._window = point
             return
@@ -319,7 +322,7 @@ class Elastic:
             return
         r = reading(*(a - b for a, b in zip(point[1:], self._window[1:])))
         self._window = point
-        decision = self.policy.observe(r, len(orch.backend.engines))
+        decision = self.policy.observe(r, len(self.backend.engines))
         if decision:
             why = ("the trainer waited on generation {:.0%} of the time".format(r.trainer_wait) if decision > 0 else
                    "the engines waited on the trainer {:.0%} of the time".format(r.engine_wait))
@@ -328,14 +331,14 @@ class Elastic:
 
     # ---- records -------------------------------------------------------------------------
     def _event(self, event: str, engine: str | None, **fields) -> None:
-        row = {"event": event, "engine": engine, "step": self.orch.step, "wall_s": round(self.orch.wall_s(), 3),
+        row = {"event": event, "engine": engine, "step": self.state.step, "wall_s": round(self.state.wall_s(), 3),
                **fields}
         self.events.write(json.dumps(row) + "\n")
         self.events.flush()
 
     def _record_pid(self, w) -> None:
         """``workers.json`` names every worker process of the run, a joined engine's too."""
-        path = self.orch.run_dir.workers
+        path = self.state.run_dir.workers
         try:
             pids = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -346,15 +349,15 @@ class Elastic:
         os.replace(tmp, path)
 
     def _write_status(self) -> None:
-        orch = self.orch
+        state = self.state
         c = self.change
         status = {
-            "pid": os.getpid(), "backend": orch.cfg.runtime.backend, "step": orch.step,
-            "elastic": orch.cfg.runtime.elastic, "min_engines": orch.cfg.runtime.min_engines,
-            "max_engines": orch.cfg.runtime.max_engines,
+            "pid": os.getpid(), "backend": state.cfg.runtime.backend, "step": state.step,
+            "elastic": state.cfg.runtime.elastic, "min_engines": state.cfg.runtime.min_engines,
+            "max_engines": state.cfg.runtime.max_engines,
             "engines": [{"name": e.name, "node": getattr(e, "node", None),
-                         "version": orch.engine_versions.get(e.name),
-                         "accepting": getattr(e, "accepting", True)} for e in orch.backend.engines],
+                         "version": state.engine_versions.get(e.name),
+                         "accepting": e.accepting} for e in self.backend.engines],
             "changing": None if c is None else f"{c.op} {getattr(c.engine, 'name', c.name or '')} ({c.stage})".replace(
                 "  ", " "),
             "queued": [q.op for q in self.queue], "removed": self.removed,

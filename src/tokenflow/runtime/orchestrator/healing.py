@@ -2,7 +2,7 @@
 
     backend.check() ──WorkerDied(worker)──► Healer.heal ──► RestartPolicy: at most N each, not again within the window
       engine  ─► backend.replace_engine (new process, new queues) ─► the trainer relays its notices to it
-              ─► restarts.resend_after_restart: sync attach (the newest weights first), its groups again
+              ─► routing.resend_after_restart: sync attach (the newest weights first), its groups again
       trainer ─► backend.replace_trainer(last checkpoint C) ──TrainerReady──► replay Train C+1..S
               (the same batches, no push, nothing logged) ─► PushWeights (version S) ─► the step or
               checkpoint that was in flight, again
@@ -24,8 +24,11 @@ import time
 from collections import Counter
 
 from tokenflow.errors import WorkerDied
-from tokenflow.runtime.orchestrator.restarts import resend_after_restart
-from tokenflow.runtime.orchestrator.run_state import RunFailed
+from tokenflow.runtime.backends.protocol import Backend
+from tokenflow.runtime.orchestrator.checkpoints import Checkpointer
+from tokenflow.runtime.orchestrator.heldout import HeldOutEval
+from tokenflow.runtime.orchestrator.routing import resend_after_restart
+from tokenflow.runtime.orchestrator.run_state import RunFailed, RunState
 from tokenflow.runtime.workers import messages as M
 
 log = logging.getLogger("tokenflow.runtime.orchestrator.orchestrator")
@@ -61,18 +64,20 @@ def _role(worker: str) -> str:
 
 
 class Healer:
-    """The orchestrator's replacements; one per run (``orch.healer``)."""
+    """The run's replacements of dead workers; one per run."""
 
-    def __init__(self, orch) -> None:
-        rt = orch.cfg.runtime
-        self.orch = orch
+    def __init__(self, state: RunState, backend: Backend, *, scorer, checkpoints: Checkpointer,
+                 heldout: HeldOutEval) -> None:
+        rt = state.cfg.runtime
+        self.state, self.backend, self.scorer = state, backend, scorer
+        self.checkpoints, self.heldout = checkpoints, heldout
         self.policy = RestartPolicy(rt.max_worker_restarts, rt.restart_window_s)
-        self.enabled = rt.max_worker_restarts > 0 and hasattr(orch.backend, "replace_trainer")
+        self.enabled = rt.max_worker_restarts > 0
         self.sent: list[M.Train] = []  # Train messages since the last committed checkpoint
         self.replay: list[M.Train] | None = None  # what a replaced trainer does before anything new
         self.resave = None  # the staging folder of a checkpoint the dead trainer never wrote
         self.booting: set[str] = set()  # replaced engines that have not sent WorkerBooted yet
-        self.log_path = orch.run_dir.root / "heal.jsonl"
+        self.log_path = state.run_dir.root / "heal.jsonl"
 
     # ---- what the orchestrator tells us ------------------------------------------------------
     def train_sent(self, msg: M.Train) -> None:
@@ -81,7 +86,7 @@ class Healer:
 
     def replayed(self, msg: M.Trained) -> bool:
         """True for a replaced trainer's answer to a replayed step (the step was logged already)."""
-        if msg.step > self.orch.step:
+        if msg.step > self.state.step:
             return False
         log.debug("trainer replayed step %d (loss %s)", msg.step, msg.metrics.get("loss/total"))
         return True
@@ -91,17 +96,17 @@ class Healer:
         replay, self.replay = self.replay, None
         if replay is None:
             return
-        orch, trainer = self.orch, self.orch.backend.trainer
-        in_flight = replay[-1] if replay and replay[-1].step > orch.step else None
+        state, trainer = self.state, self.backend.trainer
+        in_flight = replay[-1] if replay and replay[-1].step > state.step else None
         for m in replay[:-1] if in_flight is not None else replay:
             trainer.send(M.Train(m.step, m.rollouts, sync_weights=False))
         trainer.send(M.PushWeights())
         if in_flight is not None:
             trainer.send(in_flight)
-            orch.trainer_busy = True
+            state.trainer_busy = True
         elif self.resave is not None:
-            trainer.send(M.Save(str(self.resave), background=orch.checkpoints.background))
-            orch.trainer_busy = True
+            trainer.send(M.Save(str(self.resave), background=self.checkpoints.background))
+            state.trainer_busy = True
         self.resave = None
         self._note("trainer", "ready", replayed=len(replay) - (in_flight is not None))
 
@@ -112,14 +117,14 @@ class Healer:
             self._note(worker, "ready")
 
     def relay(self, msg: M.RelayedNotice) -> None:
-        self.orch.backend.engines[msg.index].send(msg.notice)
+        self.backend.engines[msg.index].send(msg.notice)
 
     # ---- checks ------------------------------------------------------------------------------
     def check_workers(self) -> None:
         """``backend.check()``, replacing each dead worker the policy allows."""
         while True:
             try:
-                self.orch.backend.check()
+                self.backend.check()
                 return
             except WorkerDied as e:
                 if not self.enabled or e.worker is None:
@@ -131,15 +136,15 @@ class Healer:
         from tokenflow.scoring.pool import ScorerDied
 
         try:
-            return self.orch.scorer.poll()
+            return self.scorer.poll()
         except ScorerDied as e:
-            if not self.enabled or not hasattr(self.orch.scorer, "restart"):
+            if not self.enabled or not hasattr(self.scorer, "restart"):
                 raise
             n = self.policy.admit("scorer", e)
-            pending = self.orch.scorer.num_pending
+            pending = self.scorer.num_pending
             log.warning("%s; a new scorer pool scores its %d pending group(s) again (restart %d of %d)",
                         e, pending, n, self.policy.max_restarts)
-            self.orch.scorer.restart()
+            self.scorer.restart()
             self._note("scorer", "replaced", error=str(e), rescored_groups=pending)
             self._write_workers()
             return []
@@ -147,7 +152,7 @@ class Healer:
     def heal(self, e: WorkerDied) -> None:
         role = _role(e.worker)
         n = self.policy.admit(role, e)
-        log.warning("%s; replacing it (restart %d of %d, step %d)", e, n, self.policy.max_restarts, self.orch.step)
+        log.warning("%s; replacing it (restart %d of %d, step %d)", e, n, self.policy.max_restarts, self.state.step)
         if role == "trainer":
             self._replace_trainer(str(e))
         else:
@@ -156,39 +161,39 @@ class Healer:
 
     # ---- replacements ------------------------------------------------------------------------
     def _replace_engine(self, name: str, n: int, error: str) -> None:
-        orch = self.orch
-        index = orch.backend.replace_engine(name)
-        engine = orch.backend.engines[index]
-        lost = sum(1 for h, _ in orch.group_engine.values() if h is engine)
-        orch.backend.trainer.send(M.EngineReplaced(index))  # its notices reach the new queue through us
-        resend_after_restart(orch, M.WorkerRestarted(name, n))
-        orch.checkpoints.engine_gone(name)  # a checkpoint waiting on its in-flight report goes on
+        state, backend = self.state, self.backend
+        index = backend.replace_engine(name)
+        engine = backend.engines[index]
+        lost = sum(1 for h, _ in state.group_engine.values() if h is engine)
+        backend.trainer.send(M.EngineReplaced(index))  # its notices reach the new queue through us
+        resend_after_restart(state, backend, self.heldout, M.WorkerRestarted(name, n))
+        self.checkpoints.engine_gone(name)  # a checkpoint waiting on its in-flight report goes on
         self.booting.add(name)
         self._note(name, "replaced", error=error, pid=engine.pid, resent_groups=lost)
 
     def _replace_trainer(self, error: str) -> None:
-        orch = self.orch
-        ckpt = orch.run_dir.latest_checkpoint()
-        start = orch.backend.trainer_start_step
+        state, backend = self.state, self.backend
+        ckpt = state.run_dir.latest_checkpoint()
+        start = backend.trainer_start_step
         restored = max(int(ckpt.name.split("_")[-1]) if ckpt is not None else start, start)
         replay = [m for m in self.sent if m.step > restored]
-        want = list(range(restored + 1, orch.step + 1 + (orch.pending_batch is not None)))
+        want = list(range(restored + 1, state.step + 1 + (state.pending_batch is not None)))
         if [m.step for m in replay] != want:
             raise RunFailed(f"{error}; not replaced: the batches of steps {want[0]}..{want[-1]} since the last "
                             f"checkpoint are not all kept (have {[m.step for m in replay]})")
-        unwritten = next((p for p in orch.checkpoints.pending if p.written is None), None)
+        unwritten = next((p for p in self.checkpoints.pending if p.written is None), None)
         if unwritten is not None:  # the dead trainer was writing it (maybe in the background): again
             self.resave = unwritten.staging
             unwritten.trainer_free = False  # the new trainer answers Saved for it
-        self._release_sync(orch.sync_spec)
-        orch.sync_spec, orch.sync_broken = None, None
-        orch.trainer_busy, orch.trainer_ready = True, False
-        for name in orch.backend.locked_engines():  # killed mid-write into it: new queues (not counted)
+        self._release_sync(state.sync_spec)
+        state.sync_spec, state.sync_broken = None, None
+        state.trainer_busy, state.trainer_ready = True, False
+        for name in backend.locked_engines():  # killed mid-write into it: new queues (not counted)
             self._replace_engine(name, self.policy.counts[name], "the dead trainer left its command queue locked")
-        orch.backend.replace_trainer(ckpt if ckpt is not None and restored > start else None)
-        orch.last_msg_from[orch.backend.trainer.name] = time.monotonic()
+        backend.replace_trainer(ckpt if ckpt is not None and restored > start else None)
+        state.last_msg_from[backend.trainer.name] = time.monotonic()
         self.replay = replay
-        self._note("trainer", "replaced", error=error, pid=orch.backend.trainer.pid, restored_step=restored,
+        self._note("trainer", "replaced", error=error, pid=backend.trainer.pid, restored_step=restored,
                    replay_steps=len(replay))
 
     @staticmethod
@@ -205,20 +210,20 @@ class Healer:
 
     # ---- records -----------------------------------------------------------------------------
     def _checkpoint_step(self) -> int:
-        cps = self.orch.run_dir.complete_checkpoints()
+        cps = self.state.run_dir.complete_checkpoints()
         return int(cps[-1].name.split("_")[-1]) if cps else -1
 
     def _note(self, worker: str, event: str, **fields) -> None:
         """One line of ``heal.jsonl``: what was replaced, when, at which step."""
-        row = {"worker": worker, "event": event, "time": time.time(), "step": self.orch.step, **fields}
+        row = {"worker": worker, "event": event, "time": time.time(), "step": self.state.step, **fields}
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
     def _write_workers(self) -> None:
         """``workers.json`` names the live processes (tools that watch a run read it)."""
-        orch = self.orch
-        pids = {"orchestrator": os.getpid(), **{w.name: w.pid for w in orch.backend.all_workers},
-                **{f"scorer{i}": pid for i, pid in enumerate(orch.scorer.worker_pids())}}
-        tmp = orch.run_dir.workers.with_suffix(".tmp")
+        workers = self.state.run_dir.workers
+        pids = {"orchestrator": os.getpid(), **{w.name: w.pid for w in self.backend.all_workers},
+                **{f"scorer{i}": pid for i, pid in enumerate(self.scorer.worker_pids())}}
+        tmp = workers.with_suffix(".tmp")
         tmp.write_text(json.dumps(pids, indent=2))
-        os.replace(tmp, orch.run_dir.workers)
+        os.replace(tmp, workers)

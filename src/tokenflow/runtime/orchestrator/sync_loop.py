@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 
 from tokenflow.buffer import DynamicSampling
-from tokenflow.evaluation import prompt_encoder
+from tokenflow.tasks.prompts import prompt_encoder
 from tokenflow.runtime.orchestrator.seeds import request_seed
 from tokenflow.runtime.orchestrator.step_metrics import batch_metrics
 from tokenflow.scoring.pool import normalise_reward
-from tokenflow.scoring.shapes import normalise_group, shape_of
-from tokenflow.scoring.shaping import shape_overlong
-from tokenflow.scoring.token_scorers import SampleView, apply_token_scores, build_token_scorer
+from tokenflow.scoring.scorer_shapes import normalise_group, shape_of
+from tokenflow.scoring.overlong import shape_overlong
+from tokenflow.scoring.token_scorer_specs import SampleView, apply_token_scores, build_token_scorer
 
 
 def run_sync_loop(cfg, model_path: str) -> list[dict[str, float]]:

@@ -44,7 +44,7 @@ def check_model_folder(path: str) -> None:
         raise InputError(f"{what} holds no weights (model.safetensors or pytorch_model.bin); {hint}")
     if not any((p / name).is_file() for name in _TOKENIZER):
         raise InputError(f"{what} holds no tokenizer files (tokenizer.json or tokenizer.model); {hint}")
-    from tokenflow.engine.models.registry import check_supported
+    from tokenflow.engine.builtin.models.registry import check_supported
 
     try:
         check_supported(SimpleNamespace(architectures=config.get("architectures"), model_type=config.get("model_type")))
@@ -77,7 +77,7 @@ def load_tokenizer(path: str, ctx=None):
 
 
 def _tokenizer_child(conn, path: str, env: dict) -> None:
-    from tokenflow.runtime.workers.environment import apply_environment
+    from tokenflow.runtime.workers.os_environ import apply_environment
 
     apply_environment(env)
     from tokenflow.metrics import phases
@@ -95,7 +95,7 @@ def _tokenizer_child(conn, path: str, env: dict) -> None:
 
 def _load_in_child(path: str, ctx):
     """The tokenizer from a forked child; None if that did not work (the caller loads it itself)."""
-    from tokenflow.runtime.workers.environment import environment
+    from tokenflow.runtime.workers.os_environ import environment
 
     try:  # the generic class's module, imported while the fork server finishes its own imports
         import transformers.tokenization_utils_tokenizers  # noqa: F401
@@ -207,7 +207,7 @@ def check_agent(spec: str, tokenizer) -> None:
 def check_chat_prompt(task, tokenizer, task_config) -> None:
     """``task.chat_template``: the model's tokenizer has a chat template and it renders the first
     training prompt (with ``task.system_prompt``) exactly as training will encode it."""
-    from tokenflow.evaluation import prompt_encoder
+    from tokenflow.tasks.prompts import prompt_encoder
 
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("task.chat_template = true, but the model's tokenizer has no chat template; set "

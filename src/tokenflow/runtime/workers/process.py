@@ -53,7 +53,7 @@ def worker_main(name: str, out_q, body) -> None:
 def _forwarded_entry(log_q, level: int, target, args: tuple, env: dict | None = None) -> None:
     """A started worker's first code: take on the parent's environment (a fork server's child
     has the server's), route every log record to the parent, then run ``target``."""
-    from tokenflow.runtime.workers.environment import apply_environment
+    from tokenflow.runtime.workers.os_environ import apply_environment
 
     apply_environment(env)
     if log_q is not None:
@@ -96,7 +96,7 @@ class ParentWatch:
     """Lets a worker notice that the orchestrator is gone (killed), so it exits instead of lingering."""
 
     def __init__(self) -> None:
-        from tokenflow.runtime.workers.environment import ORCHESTRATOR_PID
+        from tokenflow.runtime.workers.os_environ import ORCHESTRATOR_PID
 
         self.parent = os.getppid()
         pid = os.environ.get(ORCHESTRATOR_PID)
@@ -119,6 +119,9 @@ class ParentWatch:
 
 class WorkerHandle:
     """A spawned worker process and its command queue."""
+
+    load = 0  # samples in flight on this engine, kept by the orchestrator for routing
+    accepting = True  # the local backend has no joining engines
 
     def __init__(self, name: str, target, args: tuple, ctx=None, cmd_q=None,
                  logs: LogForwarder | None = None, env: dict | None = None) -> None:

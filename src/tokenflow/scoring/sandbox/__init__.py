@@ -22,6 +22,9 @@ Layers, each probed rather than assumed (``Sandbox.isolation`` says which took e
 
 A missing layer is reported loudly: ``Sandbox()`` logs **SANDBOX NOT CONTAINED** naming each
 missing layer and how to get it, and ``Sandbox.isolated`` is false.
+
+May import: the standard library and its own modules only (no other tokenflow package): it also
+runs as a bare launcher beside untrusted code.
 """
 
 from tokenflow.scoring.sandbox.isolation import Isolation, probe_isolation, run_program

