@@ -17,6 +17,8 @@ presets and overrides.
 
 Layer 1 (records and wiring).
 May import: only ``tokenflow.config.*``, ``tokenflow.registry``, ``tokenflow.errors``,
-``tokenflow._lazy``, the standard library, pydantic and tomli_w. A check that needs a higher layer asks the registry (lazily) or lives with
-the code that uses the section.
+``tokenflow._lazy``, ``tokenflow.engine.backends`` (the table of engine backends and what each
+supports: a layer-1 record that imports only the registry, read lazily by the engine checks), the
+standard library, pydantic and tomli_w. A check that needs a higher layer asks the registry
+(lazily) or lives with the code that uses the section.
 """
