@@ -143,7 +143,7 @@ def collect_samples(engine, index: dict[str, int], num_samples: int) -> tuple[li
     others: list[Rollout] = []
     while num_samples:
         finished = engine.step()
-        if not finished and engine._paused:
+        if not finished and engine.paused:
             time.sleep(0.01)  # paused from another thread: wait for resume() without spinning
         for rollout in finished:
             i = index.get(rollout.request_id)

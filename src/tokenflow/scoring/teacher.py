@@ -66,10 +66,7 @@ def prefill_logprobs(engine, sequences: list[list[int]], starts: list[int],
 
     runner = engine.runner
     with torch.inference_mode():
-        longest = max(len(s) for s in sequences)
-        ids = runner._long([list(s) + [0] * (longest - len(s)) for s in sequences])
-        positions = torch.arange(longest, device=runner.device).expand(len(sequences), longest)
-        hidden = runner.model(ids, positions, runner._prefill_context(longest))
+        hidden = runner.hidden_states([list(s) for s in sequences])
         out = []
         for b, (seq, start, temp) in enumerate(zip(sequences, starts, temperatures)):
             logits = runner.model.compute_logits(hidden[b, start - 1:len(seq) - 1]).float()

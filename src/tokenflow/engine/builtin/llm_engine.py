@@ -102,13 +102,13 @@ class Engine:
         self.vocab_size = hf_config.vocab_size
         self.model = cls(hf_config, self.max_model_len, self.dtype).to(self.device)
         views = self.model.hf_views()
-        self._expected = {name: view.shape for name, view in views.items()}
-        self._optional = {"lm_head.weight": views["model.embed_tokens.weight"].shape} if self.model.tied else {}
+        self.expected_weights = {name: view.shape for name, view in views.items()}
+        self.optional_weights = {"lm_head.weight": views["model.embed_tokens.weight"].shape} if self.model.tied else {}
         if state_dict is None:
             self.model.init_random(config.seed)
         else:
             state_dict = self.model.canonical_weights(as_dict(state_dict))
-            check_weights(state_dict, self._expected, self._optional)
+            check_weights(state_dict, self.expected_weights, self.optional_weights)
             self.model.load_weights(state_dict.items())
         eos = set(as_id_list(getattr(hf_config, "eos_token_id", None))) | set(extra_eos)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
@@ -126,11 +126,11 @@ class Engine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, detok, self._reusable)
         self.sampler = Sampler()
-        self._lock = threading.RLock()
-        self._paused = False
-        self._pending_update: tuple[dict[str, torch.Tensor], int, bool] | None = None
+        self.lock = threading.RLock()
+        self.paused = False
+        self.pending_update: tuple[dict[str, torch.Tensor], int, bool] | None = None
         """A drain's staged update: (tensors, version, recompute_kv)."""
-        self._outbox: list[Rollout] = []
+        self.outbox: list[Rollout] = []
         self._live: dict[str, set[int]] = {}
         """Sample indices still unfinished, per request id."""
         self._counter = 0
@@ -151,7 +151,7 @@ class Engine:
         starts the next model turn. The engine continues prompt + ``resume.completion_ids``
         exactly (from parked KV if the previous turn parked it, else prefilling it), keeps the
         rollout's ids and seed, and returns ``resume`` extended by the new tokens."""
-        with self._lock:
+        with self.lock:
             group = self._make_group(prompt_ids, params or SamplingParams(), request_id,
                                      resume, group_id, prompt_id)
             self._enqueue(group)
@@ -182,8 +182,8 @@ class Engine:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequest(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        with self._lock:
-            if self._paused:
+        with self.lock:
+            if self.paused:
                 raise RuntimeError("engine is paused; resume() before generate()")
             groups = [self._make_group(prompt, p, None, None, 0, -1) for prompt, p in zip(prompts, plist)]
             for group in groups:
@@ -192,8 +192,8 @@ class Engine:
         # thread still lands between two steps.
         index = {g.request_id: i for i, g in enumerate(groups)}
         results, others = collect_samples(self, index, sum(g.n for g in groups))
-        with self._lock:
-            self._outbox = others + self._outbox
+        with self.lock:
+            self.outbox = others + self.outbox
         return results
 
     def stream(self) -> Iterator[Rollout]:
@@ -206,11 +206,11 @@ class Engine:
     def step(self) -> list[Rollout]:
         """One prefill of newly admitted requests or one decode step of the running batch;
         returns the rollouts that finished (aborted partials included)."""
-        with self._lock:
-            out, self._outbox = self._outbox, []
-            if self._paused:
+        with self.lock:
+            out, self.outbox = self.outbox, []
+            if self.paused:
                 return out
-            if self._pending_update is not None and not self.scheduler.running:
+            if self.pending_update is not None and not self.scheduler.running:
                 apply_pending(self)
             self.runner.apply_moves(self.scheduler.take_moves())
             batch = self.scheduler.schedule()
@@ -237,13 +237,13 @@ class Engine:
                                                   sampled.logmass, sampled.support, self.version,
                                                   sampled.top)
             self.runner.apply_moves(self.scheduler.take_moves())
-            if self._pending_update is not None and not self.scheduler.running:
+            if self.pending_update is not None and not self.scheduler.running:
                 apply_pending(self)  # the drain is over: swap now, not at some later step
             seconds = time.perf_counter() - start
             self._count(batch, seconds, forwarded, reused)
             record(f"engine/{batch.kind}", wall, seconds, seqs=len(batch.seqs),
                    finished=len(finished), version=self.version)
-            return out + [self._finish(s) for s in finished]
+            return out + [self.finish_sequence(s) for s in finished]
 
     def _prefill(self, groups: list[SequenceGroup]) -> torch.Tensor:
         """Prefill newly admitted groups: whole, or (continuations whose prefix KV is parked;
@@ -296,7 +296,7 @@ class Engine:
             st.decode_steps += 1
             st.decode_seconds += seconds
 
-    def _finish(self, seq: Sequence) -> Rollout:
+    def finish_sequence(self, seq: Sequence) -> Rollout:
         live = self._live.get(seq.request_id)
         if live is not None:
             live.discard(seq.sample_index)
@@ -314,7 +314,7 @@ class Engine:
         """Tokens generated since the last call by the running samples of ``request_ids``
         (see `RolloutEngine.new_tokens`)."""
         out = []
-        with self._lock:
+        with self.lock:
             for seq in self.scheduler.running:
                 if seq.request_id not in request_ids or seq.reported == seq.num_new_tokens:
                     continue
@@ -329,16 +329,16 @@ class Engine:
         reason "abort": tokens so far, behaviour log-probs, versions), changing nothing: the
         running ones, the waiting ones that resume a prefix, the aborted ones not yet handed
         out. A sample that has no token yet is left out. A checkpoint keeps these."""
-        with self._lock:
+        with self.lock:
             seqs = [s for s in self.scheduler.running if s.request_id in request_ids]
             seqs += [s for g in self.scheduler.waiting if g.request_id in request_ids for s in g.seqs
                      if s.prefix is not None]
             out = [s.to_rollout() for s in seqs]
-            out += [r for r in self._outbox if r.request_id in request_ids and r.finish_reason == "abort"]
+            out += [r for r in self.outbox if r.request_id in request_ids and r.finish_reason == "abort"]
             return [r for r in out if r.num_tokens > 0]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._outbox) or self._pending_update is not None
+        return self.scheduler.has_unfinished() or bool(self.outbox) or self.pending_update is not None
 
     @property
     def num_running(self) -> int:
@@ -352,21 +352,21 @@ class Engine:
 
     def pause(self) -> None:
         """`step` runs no forward pass until `resume` (it still hands out aborted rollouts)."""
-        with self._lock:
-            self._paused = True
+        with self.lock:
+            self.paused = True
 
     def resume(self) -> None:
-        with self._lock:
-            self._paused = False
+        with self.lock:
+            self.paused = False
 
     def abort(self, request_id: str) -> int:
         """Stop every sample of ``request_id``; they come back from the next `step` as partial
         rollouts with finish reason "abort". Its parked KV caches are dropped too (call it when
         a multi-turn episode ends early). Returns how many samples were stopped."""
-        with self._lock:
+        with self.lock:
             self.runner.parked.drop_request(request_id)
             seqs = self.scheduler.abort_request(request_id)
-            self._outbox.extend(self._finish(s) for s in seqs)
+            self.outbox.extend(self.finish_sequence(s) for s in seqs)
             return len(seqs)
 
     # -- weights ----------------------------------------------------------------------------------

@@ -194,6 +194,16 @@ class ModelRunner:
         hidden = self.model(ids, positions, self._prefill_context(len(token_ids)))
         return self.model.compute_logits(hidden[0])
 
+    @torch.inference_mode()
+    def hidden_states(self, sequences: list[list[int]]) -> torch.Tensor:
+        """Last-layer hidden states of a batch of sequences, right-padded to the longest, from one
+        prefill that does not touch the cache, [B, L, H] (causal attention keeps padding out of
+        the real positions). A teacher scores rollouts with it."""
+        longest = max(len(s) for s in sequences)
+        ids = self._long([list(s) + [0] * (longest - len(s)) for s in sequences])
+        positions = torch.arange(longest, device=self.device).expand(len(sequences), longest)
+        return self.model(ids, positions, self._prefill_context(longest))
+
 
 def compact_dtype(num_experts: int) -> torch.dtype:
     """`tokenflow.engine.routing.expert_id_dtype`, as a torch dtype."""

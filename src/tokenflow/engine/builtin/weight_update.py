@@ -51,8 +51,8 @@ def apply_update(engine, named_tensors: NamedTensors, version: int, *, mode: str
     recompute = engine.config.recompute_kv_after_update if recompute_kv is None else recompute_kv
     start = time.perf_counter()
     named = engine.model.canonical_weights(as_dict(named_tensors))
-    with engine._lock:
-        check_weights(named, engine._expected, engine._optional)
+    with engine.lock:
+        check_weights(named, engine.expected_weights, engine.optional_weights)
         if checksum is not None:
             # Hash what arrived, before loading: a corrupt transfer is refused with nothing changed.
             got = weights_checksum(named)
@@ -65,15 +65,15 @@ def apply_update(engine, named_tensors: NamedTensors, version: int, *, mode: str
         scheduler = engine.scheduler
         if mode == "drain" and scheduler.running:
             staged = {k: v.detach().to(engine.device, engine.dtype, copy=True) for k, v in named.items()}
-            engine._pending_update = (staged, version, recompute)
+            engine.pending_update = (staged, version, recompute)
             scheduler.admitting = False
             report["pending"] = True
         else:
-            engine._pending_update = None
+            engine.pending_update = None
             scheduler.admitting = True
             if mode == "abort":
                 seqs = scheduler.abort_running()
-                engine._outbox.extend(engine._finish(s) for s in seqs)
+                engine.outbox.extend(engine.finish_sequence(s) for s in seqs)
                 report["aborted"] = len(seqs)
             report["swap_seconds"] = swap(engine, named, version)
             engine.runner.apply_moves(scheduler.take_moves())
@@ -103,8 +103,8 @@ def swap(engine, named: dict[str, torch.Tensor], version: int) -> float:
 
 def apply_pending(engine) -> None:
     """Swap in a staged (drain) update once the running batch is empty; admit again."""
-    named, version, recompute = engine._pending_update
-    engine._pending_update = None
+    named, version, recompute = engine.pending_update
+    engine.pending_update = None
     swap(engine, named, version)
     if recompute:
         engine.runner.parked.clear()

@@ -123,7 +123,7 @@ class VLLMEngine:
                                      self.eos_token_ids, config.seed)
         self.stats = EngineStats()
         self._lock = threading.RLock()
-        self._paused = False
+        self.paused = False
         self._counter = 0
         self._live: dict[str, Sample] = {}  # vLLM request id -> sample, submitted to vLLM
         self._held: list[Sample] = []  # not yet submitted (a drain is pending)
@@ -211,7 +211,7 @@ class VLLMEngine:
         """One vLLM engine step; returns the rollouts that finished (aborted partials included)."""
         with self._lock:
             out, self._outbox = self._outbox, []
-            if self._paused:
+            if self.paused:
                 return out
             self._maybe_finish_drain()
             if not self._live:
@@ -284,11 +284,11 @@ class VLLMEngine:
 
     def pause(self) -> None:
         with self._lock:
-            self._paused = True
+            self.paused = True
 
     def resume(self) -> None:
         with self._lock:
-            self._paused = False
+            self.paused = False
 
     def abort(self, request_id: str) -> int:
         with self._lock:

@@ -74,21 +74,21 @@ class Checkpointer:
 
     # ---- taking one ------------------------------------------------------------------------
     def begin(self) -> None:
-        o, backend = self.state, self.backend
+        state, backend = self.state, self.backend
         t0 = time.monotonic()
-        staging = o.run_dir.staging_dir(o.step)
-        o.trainer_busy = True
-        o.last_msg_from[backend.trainer.name] = time.monotonic()
+        staging = state.run_dir.staging_dir(state.step)
+        state.trainer_busy = True
+        state.last_msg_from[backend.trainer.name] = time.monotonic()
         backend.trainer.send(M.Save(str(staging), background=self.background))
-        in_flight = set(o.buffer.in_flight) - set(o.buffer.ready)
-        episodes = bool(getattr(o.cfg.task, "env", None))  # an episode's state lives in objects
-        p = PendingCheckpoint(o.step, staging, run_state.state_of(o), o.buffer.state_dict(), t0,
+        in_flight = set(state.buffer.in_flight) - set(state.buffer.ready)
+        episodes = bool(getattr(state.cfg.task, "env", None))  # an episode's state lives in objects
+        p = PendingCheckpoint(state.step, staging, run_state.state_of(state), state.buffer.state_dict(), t0,
                               set() if episodes else {h.name for h in backend.engines}, in_flight,
                               unkeepable=set(in_flight) if episodes else set())
         if not episodes:
-            p.kept = {gid: list(rs) for gid, rs in o.scoring.items() if gid in in_flight}
+            p.kept = {gid: list(rs) for gid, rs in state.scoring.items() if gid in in_flight}
             for h in backend.engines:
-                h.send(M.ReportInFlight(o.step))
+                h.send(M.ReportInFlight(state.step))
         self.pending.append(p)
 
     def on_saved(self, msg: M.Saved) -> None:

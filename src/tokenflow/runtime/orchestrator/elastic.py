@@ -179,8 +179,8 @@ class Elastic:
         return n
 
     def _can_change(self) -> bool:
-        o = self.state
-        return o.sync_spec is not None and o.sync_broken is None and o.step < o.cfg.run.steps
+        state = self.state
+        return state.sync_spec is not None and state.sync_broken is None and state.step < state.cfg.run.steps
 
     # ---- one change ----------------------------------------------------------------------
     def _begin(self, c: Change) -> None:
