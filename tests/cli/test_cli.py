@@ -112,6 +112,11 @@ def test_help_config_documents_every_key():
 
 @pytest.mark.slow
 def test_existing_run_folder_is_not_overwritten(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "metrics.jsonl").write_text("{}\n")  # not a run folder: no marker
+    r = tokenflow("train", "--output-dir", str(tmp_path))
+    assert r.returncode == 2 and ".tokenflow-run" in r.stderr and "new or empty --output-dir" in r.stderr
+    (tmp_path / ".tokenflow-run").write_text('{"format": 1}')  # a run folder, with a finished run's summary
+    (tmp_path / "summary.json").write_text("{}")
     r = tokenflow("train", "--output-dir", str(tmp_path))
     assert r.returncode == 2 and "--resume" in r.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"

@@ -16,6 +16,7 @@ RUNTIME = ROOT / "src" / "tokenflow" / "runtime"
 NOT_HELPERS = {
     # the sandbox attack programs and their in-sandbox driver (run by sandbox_testlib.py)
     "scoring/attack_syscalls.py", "scoring/attacks_privilege.py", "scoring/attacks_reach.py",
+    "scoring/attacks_kernel.py",
     "scoring/sandbox_as_user.py", "scoring/sandbox_bait.py",
     "real_model/rewards.py",  # task.reward = "tests/real_model/rewards.py:answer_reward"
 }

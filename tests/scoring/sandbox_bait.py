@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import os
+import threading
+import time
 from pathlib import Path
 
 from tokenflow.scoring.sandbox import SandboxLimits, run_program
@@ -15,11 +18,11 @@ from tokenflow.scoring.sandbox.runner import run_in_mode
 SECRET_ENV = "TF_ATTACK_SECRET"
 HERE = Path(__file__).parent
 # The attack programs, shipped into the work dir; main.py calls one of them.
-ATTACK_FILES = ("attack_syscalls.py", "attacks_privilege.py", "attacks_reach.py")
+ATTACK_FILES = ("attack_syscalls.py", "attacks_privilege.py", "attacks_reach.py", "attacks_kernel.py")
 MAIN = """import os, sys
 sys.path.insert(0, os.getcwd())  # python -I leaves the work dir off sys.path
-import attacks_privilege, attacks_reach
-attack = {{**attacks_privilege.ATTACKS, **attacks_reach.ATTACKS}}[{name!r}]
+import attacks_privilege, attacks_reach, attacks_kernel
+attack = {{**attacks_privilege.ATTACKS, **attacks_reach.ATTACKS, **attacks_kernel.ATTACKS}}[{name!r}]
 attack({params!r})
 print("ATTACK-DONE", flush=True)
 """
@@ -44,8 +47,38 @@ def run_attack(name: str, params: dict, limits_kw: dict, host_marker: str, mode:
     P = dict(params, host_pid=os.getpid(), secret_addr=addr, host_marker=host_marker)
     source = MAIN.format(name=name, params=P)
     files = {f: (HERE / f).read_text() for f in ATTACK_FILES}
-    if mode:  # a weaker mode than the probe would pick, forced
-        result = run_in_mode(source, mode, files=files, limits=limits(**limits_kw))
-    else:
-        result = run_program(source, files=files, limits=limits(**limits_kw))
-    return dataclasses.asdict(result)
+    watch = _CallerInotify() if name == "inotify_instances" else None
+    try:
+        if mode:  # a weaker mode than the probe would pick, forced
+            result = run_in_mode(source, mode, files=files, limits=limits(**limits_kw))
+        else:
+            result = run_program(source, files=files, limits=limits(**limits_kw))
+    finally:
+        host = watch.stop() if watch else []
+    return dict(dataclasses.asdict(result), host_breaches=host)
+
+
+class _CallerInotify:
+    """While a run goes on, this process (the sandbox's caller) keeps making an inotify
+    instance; EMFILE means the run took the caller's own allowance."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.failed: list[str] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            fd = self.libc.inotify_init1(os.O_CLOEXEC)
+            if fd >= 0:
+                os.close(fd)
+            elif ctypes.get_errno() == errno.EMFILE and not self.failed:
+                self.failed.append("the caller could not make an inotify instance (EMFILE) during the run")
+            time.sleep(0.05)
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        self.thread.join()
+        return self.failed

@@ -4,6 +4,7 @@ a run left nothing behind (processes, work dirs, cgroups, mounts, /dev/shm entri
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import json
 import os
@@ -68,6 +69,8 @@ class HostBait:
         self.decoy = subprocess.Popen(["sleep", "600"], start_new_session=True,
                                       user=UNPRIVILEGED if os.geteuid() == 0 else None)
         self.host_file = self.tmp_dir / "escaped-write.txt"
+        self.vsock_port = 20000 + secrets.randbelow(40000)
+        self.sysv_key, self.sysv_id = _root_only_segment(self.secret)
 
     def params(self, limits_kw: dict) -> dict:
         return {"secret": self.secret, "tcp_port": self.tcp.getsockname()[1], "host_ip": _host_ip(),
@@ -78,7 +81,10 @@ class HostBait:
                 "root_device": "vda", "file_mb": limits_kw.get("file_mb", 4),
                 "quota_bytes": limits_kw.get("workdir_mb", 16) << 20,
                 "inode_quota": limits_kw.get("workdir_files", 2000),
-                "processes": limits_kw.get("processes", 16)}
+                "processes": limits_kw.get("processes", 16), "open_files": limits_kw.get("open_files", 64),
+                "memory_mb": limits_kw.get("memory_mb", 512),
+                "total_memory_bytes": limits_kw.get("total_memory_mb", limits_kw.get("memory_mb", 512)) << 20,
+                "vsock_port": self.vsock_port, "sysv_key": self.sysv_key}
 
     def breaches(self) -> list[str]:
         found = []
@@ -105,6 +111,24 @@ class HostBait:
         self.decoy.wait()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self.shm.unlink(missing_ok=True)
+        _libc.shmctl(self.sysv_id, 0, None)  # IPC_RMID
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.shmat.restype = ctypes.c_void_p
+
+
+def _root_only_segment(secret: str) -> tuple[int, int]:
+    """A SysV shared memory segment of this (root) process, mode 0600, holding the secret: the
+    key and id. Only a run that shares the host's IPC namespace (and its uid) can reach it."""
+    key = 0x7F000000 + secrets.randbelow(1 << 20)
+    shmid = _libc.shmget(key, 4096, 0o1000 | 0o2000 | 0o600)  # IPC_CREAT | IPC_EXCL
+    if shmid < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+    addr = _libc.shmat(shmid, None, 0)
+    ctypes.memmove(addr, secret.encode(), len(secret))
+    _libc.shmdt(ctypes.c_void_p(addr))
+    return key, shmid
 
 
 # --- what a run may leave behind ---------------------------------------------------------
@@ -144,9 +168,21 @@ def _shm_entries() -> set[str]:
     return found
 
 
+def _sysv_ipc() -> set[str]:
+    """The host's SysV segments, message queues and semaphore sets, by kind, key and id."""
+    found = set()
+    for kind in ("shm", "msg", "sem"):
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found |= {f"{kind} key={int(line.split()[0]):#x} id={line.split()[1]}" for line in lines if line.strip()}
+    return found
+
+
 def _host_state() -> dict[str, set[str]]:
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    return {"tmp": set(glob.glob("/tmp/tokenflow-sandbox-*")),
+    return {"tmp": set(glob.glob("/tmp/tokenflow-sandbox-*")), "sysv_ipc": _sysv_ipc(),
             "cgroups": set(glob.glob("/sys/fs/cgroup/*/tokenflow-sandbox-*")),
             "shm": _shm_entries(),
             "mounts": {m for m in mounts if "tokenflow-sandbox" in m}}

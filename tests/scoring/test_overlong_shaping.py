@@ -84,3 +84,17 @@ def test_a_sample_without_model_tokens_gets_no_penalty():
     x = Rollout(prompt_ids=[1], completion_ids=[3, 3], logprobs=[0.0] * 2, versions=[0] * 2, loss_mask=[0, 0], reward=1.0)
     shape_overlong([x], max_tokens=1, buffer_tokens=1, factor=1.0)
     assert (x.reward, x.rewards["overlong_penalty"]) == (1.0, 0.0)
+
+
+def test_an_episode_split_into_rows_gets_its_worst_turns_penalty_on_every_row():
+    """Rows of one episode share its sample index; the docstring's rule is per episode, so the
+    short row carries the long row's penalty (and another episode keeps its own)."""
+    def row(n: int, index: int) -> Rollout:
+        return Rollout(prompt_ids=[1], completion_ids=[3] * n, logprobs=[0.0] * n, versions=[0] * n,
+                       reward=1.0, sample_index=index)
+
+    long_row, short_row, other = row(3, 0), row(1, 0), row(1, 1)
+    # max 4, buffer 2: 3 tokens are one into the buffer → −0.5; 1 token → 0
+    shape_overlong([short_row, long_row, other], max_tokens=4, buffer_tokens=2, factor=1.0)
+    assert [r.rewards["overlong_penalty"] for r in (long_row, short_row, other)] == [-0.5, -0.5, 0.0]
+    assert [r.reward for r in (long_row, short_row, other)] == [0.5, 0.5, 1.0]

@@ -22,9 +22,9 @@ from tokenflow.scoring.sandbox import bwrap, run_program
 
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive, pytest.mark.timeout(90)]
 
-LIMITS = dict(wall_s=10.0, cpu_s=5, memory_mb=512, file_mb=4, processes=16, output_bytes=64 << 10,
-              workdir_mb=16, workdir_files=2000)
-ATTACKS = sorted(n.name for f in ("attacks_privilege.py", "attacks_reach.py")
+LIMITS = dict(wall_s=10.0, cpu_s=5, memory_mb=512, total_memory_mb=512, file_mb=4, processes=16,
+              output_bytes=64 << 10, workdir_mb=16, workdir_files=2000)
+ATTACKS = sorted(n.name for f in ("attacks_privilege.py", "attacks_reach.py", "attacks_kernel.py")
                  for n in ast.parse(kit.HERE.joinpath(f).read_text()).body
                  if isinstance(n, ast.FunctionDef) and not n.name.startswith("_"))
 
@@ -55,13 +55,19 @@ VISIBLE_WITHOUT_PRIVATE_ROOT = {"chroot_escape", "dev_shm", "host_unix_socket", 
                                 "read_host_tmp", "read_project", "read_shadow", "setns_host"}
 
 
+# Only a run's memory cgroup bounds what all its processes hold together (RLIMIT_AS is per
+# process, and a memfd's pages are no address space); without a writable one (an unprivileged
+# caller, no delegated cgroup) the probe reports cgroup_memory missing, with how to get it.
+TOTAL_MEMORY = {"memory_children", "memory_memfd"}
+
+
 def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
     before = kit.Leftovers()
     try:
         r = kit.run(mode, python, name, bait, SLOW.get(name, LIMITS), sandbox_mode=sandbox_mode)
         out = r["stdout"]
         escapes = [line for line in out.splitlines() if line.startswith("ESCAPED")]
-        breaches = bait.breaches()
+        breaches = bait.breaches() + r.get("host_breaches", [])
         left = before.after(r["workdir"])
     finally:
         kit.kill_leftovers(before.procs)
@@ -73,6 +79,8 @@ def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
     if hand and name in VISIBLE_WITHOUT_PRIVATE_ROOT:
         assert "private_root" not in r["layers"]  # reported missing: the known gap of this mode
         return
+    if name in TOTAL_MEMORY and "cgroup_memory" not in r["layers"]:
+        return  # no writable memory cgroup (an unprivileged caller without a delegated one): reported missing
     assert not escapes and not breaches, f"{name} ({mode}) got through: {escapes + breaches}"
 
 

@@ -49,3 +49,19 @@ def test_failures_are_per_sample(rewards):
         assert done[0][0][0].reward == 1.0
     finally:
         pool.close()
+
+
+@pytest.mark.slow
+def test_a_sample_scored_again_loses_its_earlier_failure(rewards):
+    """A resume hands back a kept group whose samples failed scoring once (a timeout); scored
+    again, a sample that now scores is no longer failed and carries no stale error."""
+    pool = ScorerPool(f"{rewards}:by_text", workers=1, timeout_s=5.0)
+    try:
+        group = [rollout("yes", 0), rollout("no", 1)]
+        for r in group:
+            r.failed, r.info["score_error"] = True, "reward function exceeded 1s"
+        pool.submit(group, "p", {"want": "yes"}, group_id=3)
+        (scored, _), = wait_scored(pool)
+        assert [(r.failed, r.reward, "score_error" in r.info) for r in scored] == [(False, 1.0, False), (False, 0.0, False)]
+    finally:
+        pool.close()

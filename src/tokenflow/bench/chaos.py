@@ -40,6 +40,10 @@ from tokenflow.bench.chaos_procs import TOLERANCE, alive, children, start_train,
 
 log = logging.getLogger(__name__)
 
+# The chaos run's folder is the bench's own, made from the user's config: resuming it runs the
+# code that config names (a reward file) as the first run did (docs/robustness.md).
+TRUSTED = ["--trust-run-config"]
+
 KINDS = ("tree", "engine", "trainer", "scorer")
 # The default task, small: a kill lands every few seconds of progress.
 SMALL = ["--rollout.prompts_per_step", "4", "--rollout.group_size", "4", "--run.eval_limit", "8",
@@ -58,6 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--heal", action="store_true",
                    help="kill trainer, engines and scorers of ONE run, which must heal itself and finish without a "
                         "resume (runtime.max_worker_restarts; bench/chaos_heal.py)")
+    p.add_argument("--at-checkpoint", action="store_true",
+                   help="--heal: trainer kills strike while a checkpoint is being taken (saved or written in the "
+                        "background), a checkpoint every 2 steps")
     p.add_argument("--ref-seeds", type=int, default=3,
                    help="--heal: unkilled runs (seeds 0..N-1) whose final accuracies bound the healed run's")
     p.add_argument("--output-dir", help="where the two run folders go (default runs/bench-chaos-<time>)")
@@ -209,7 +216,7 @@ def run(args, overrides: list[str] | None = None) -> int:
     finished = False
     if not failed:
         log.info("bench chaos: final resume → %s (%d steps)", chaos, steps)
-        finished = start_train(["--resume", str(chaos), "--run.steps", str(steps)], chaos_log).wait() == 0
+        finished = start_train(["--resume", str(chaos), *TRUSTED, "--run.steps", str(steps)], chaos_log).wait() == 0
     log.info("bench chaos: reference run (never killed, %d steps) → %s", steps, ref)
     proc = start_train([str(out / "config.toml"), "--output-dir", str(ref), "--run.steps", str(steps)],
                   out / "reference.log")
@@ -239,7 +246,7 @@ def _kill_until_landed(schedule: list[str], rng: random.Random, out: Path, chaos
             break
         kind = schedule[landed]
         first = not chaos.exists()
-        cmd = [str(out / "config.toml"), "--output-dir", str(chaos)] if first else ["--resume", str(chaos)]
+        cmd = [str(out / "config.toml"), "--output-dir", str(chaos)] if first else ["--resume", str(chaos), *TRUSTED]
         rec = _one_kill(kind, rng, [*cmd, "--run.steps", str(steps)], chaos, chaos_log, steps, args.worker_timeout)
         records.append(rec)
         if rec["killed"]:

@@ -5,7 +5,9 @@ and again; the run must heal itself (``runtime.max_worker_restarts``) and finish
 
 The run (the default task, small, synchronous: ``rollout.max_staleness = 0``) is started once.
 Each kill waits for the run to have recovered from the one before (a step finished after it),
-then a random moment (0-1.5 s), then SIGKILLs the kind drawn from ``--seed``; it has landed when
+then a random moment (0-1.5 s), then SIGKILLs the kind drawn from ``--seed``; with
+``--at-checkpoint`` a trainer kill waits instead for a checkpoint being taken (its staging folder
+exists: the trainer is saving or writing it in the background) and strikes then; it has landed when
 the victim was alive, died, and the run still had steps to go. A machine fast enough to finish
 the run before every kill has landed gets the whole run again, longer (steps × 1.5 × kills ÷
 landed, up to three attempts, each in ``chaos<N>/``; the unkilled runs get the final length).
@@ -53,8 +55,25 @@ def forced(args, overrides: list[str]) -> list[str]:
     out = [*EXTRA, "--runtime.max_worker_restarts", str(args.kills + 1),
            "--run.steps", str(args.steps or 3 * args.kills + 10)]
     if not any(o.startswith("--run.checkpoint_every") for o in overrides):
-        out += ["--run.checkpoint_every", "4"]
+        out += ["--run.checkpoint_every", "2" if args.at_checkpoint else "4"]
     return out
+
+
+def _checkpoint_in_progress(run_dir: Path) -> bool:
+    try:
+        return any(p.name.startswith(".tmp-step_") for p in (run_dir / "checkpoints").iterdir())
+    except OSError:
+        return False
+
+
+def _wait_for_checkpoint(run_dir: Path, proc, timeout: float) -> bool:
+    """Poll (every millisecond: a tiny model's write is short) until a checkpoint is being taken."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _checkpoint_in_progress(run_dir):
+            return True
+        time.sleep(0.001)
+    return False
 
 
 def _pid(kind: str, run_dir: Path, orchestrator: int) -> int | None:
@@ -72,7 +91,8 @@ def _pid(kind: str, run_dir: Path, orchestrator: int) -> int | None:
     return pid if pid and alive(pid) else None
 
 
-def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, steps: int, timeout: float) -> list[dict]:
+def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, steps: int, timeout: float,
+              at_checkpoint: bool = False) -> list[dict]:
     records = []
     for kind in schedule:
         rec = {"kind": kind, "landed": False}
@@ -80,7 +100,11 @@ def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, step
         if not wait_until(lambda: _pid(kind, run_dir, proc.pid) is not None, timeout, proc):
             rec["why"] = "no live worker to kill"
             break
-        wait_until(lambda: False, rng.uniform(0.0, 1.5), proc)  # a random moment of a step
+        wait = rng.uniform(0.0, 1.5)  # drawn either way: the schedule's other draws stay as they were
+        if kind == "trainer" and at_checkpoint:
+            _wait_for_checkpoint(run_dir, proc, timeout)
+        else:
+            wait_until(lambda: False, wait, proc)  # a random moment of a step
         pid, step = _pid(kind, run_dir, proc.pid), steps_done(run_dir)
         if pid is None or proc.poll() is not None or step >= steps - 2:
             rec["why"] = "the run was (nearly) done"
@@ -88,6 +112,8 @@ def _kill_all(schedule: list[str], rng: random.Random, proc, run_dir: Path, step
         seen, t_kill = len(_read_heal(run_dir)), time.monotonic()
         os.kill(pid, signal.SIGKILL)
         rec.update(pid=pid, step_at_kill=step)
+        if kind == "trainer" and at_checkpoint:  # still being taken once the trainer is dead: struck inside it
+            rec["at_checkpoint"] = _checkpoint_in_progress(run_dir)
         dead = wait_until(lambda: not alive(pid), 10, proc) or not alive(pid)
         # Recovered: the replacement is up (its heal.jsonl row) and a step finished after that.
         event = "replaced" if kind == "scorer" else "ready"
@@ -135,7 +161,7 @@ def run(args, cfg_path: Path, out: Path) -> dict:
         chaos, chaos_log = out / f"chaos{'' if attempt == 1 else attempt}", out / f"chaos{'' if attempt == 1 else attempt}.log"
         proc = start_train([str(cfg_path), "--output-dir", str(chaos), "--run.steps", str(steps)], chaos_log)
         t0 = time.monotonic()
-        records = _kill_all(list(schedule), rng, proc, chaos, steps, args.worker_timeout * 4)
+        records = _kill_all(list(schedule), rng, proc, chaos, steps, args.worker_timeout * 4, args.at_checkpoint)
         try:
             code = proc.wait(timeout=1800)
         except Exception:  # noqa: BLE001 - a run that does not end is a failed check, and is ended here
@@ -163,6 +189,7 @@ def run(args, cfg_path: Path, out: Path) -> dict:
     result = {
         "kills": len(landed), "kills_requested": args.kills, "seed": args.seed, "steps": steps,
         "kills_by_kind": {k: sum(r["kind"] == k for r in landed) for k in KINDS},
+        "kills_at_checkpoint": sum(bool(r.get("at_checkpoint")) for r in landed),
         "finished_by_itself": code == 0, "exit_code": code, "resumes": 0, "attempts": attempt,
         "too_short_attempts": too_short,
     }
@@ -203,6 +230,7 @@ def run(args, cfg_path: Path, out: Path) -> dict:
         and result["metric_steps_missing"] == 0 and result["checkpoints_bad"] == 0
         and result["staging_left"] == 0 and result["shm_left"] == 0 and result["stragglers"] == 0
         and result["accuracy_within_spread"] and result["weights_max_abs_diff"] <= TOLERANCE
+        and (not args.at_checkpoint or result["kills_at_checkpoint"] >= min(5, result["kills_by_kind"]["trainer"]))
     ) if code == 0 else False
     result["wall_s"] = round(time.monotonic() - t_start, 1)
     result["output_dir"] = str(out)
@@ -266,6 +294,8 @@ def print_table(r: dict) -> None:
     by_kind = ", ".join(f"{k} {n}" for k, n in r["kills_by_kind"].items())
     rows = [("kills landed", f"{r['kills']} ({by_kind})", str(r["kills_requested"])),
             ("finished by itself, no resume", r["finished_by_itself"], True)]
+    if r["kills_at_checkpoint"]:
+        rows.append(("trainer kills inside a checkpoint", r["kills_at_checkpoint"], "≥ 5"))
     if r["finished_by_itself"]:
         rows += [("prompts lost / repeated", f"{r['prompts_lost']} / {r['prompts_repeated']}", "0 / 0"),
                  ("metric rows duplicated", r["metric_rows_duplicated"], 0),

@@ -32,59 +32,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tokenflow.bench.serve_process import Conn, free_port, read_body, read_head, request_head, wait_healthy
-
-PROBER = r"""
-import http.client, json, sys, time
-
-host, port, interval, duration = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-lat, at, failures, conn = [], [], 0, None
-end = time.monotonic() + duration
-while time.monotonic() < end:
-    t = time.perf_counter()
-    at.append(time.time())
-    try:
-        if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=10)
-        conn.request("GET", "/health")
-        r = conn.getresponse()
-        r.read()
-        failures += r.status != 200
-    except Exception:
-        failures += 1
-        conn = None
-    lat.append(time.perf_counter() - t)
-    time.sleep(max(0.0, interval - (time.perf_counter() - t)))
-print(json.dumps({"latencies": lat, "at": at, "failures": failures}))
-"""
+from tokenflow.bench.serve_process import (
+    PROBER, Conn, free_port, mib, ms, pct, proc_status, raise_nofile, read_body, read_head, request_head,
+    wait_healthy,
+)
 
 REQUEST_TIMEOUT_S = 60.0
-
-
-def _raise_nofile(needed: int) -> dict:
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return {}
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        soft = new
-    return {"nofile_soft": soft}
-
-
-def _proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of ``pid``, in bytes (Linux)."""
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
 
 
 class _Abuse:
@@ -238,21 +191,6 @@ class _Abuse:
         self.events["disconnect_refused_429_only"] += 1  # every try found the request slots taken
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(1000 * x, 2)
-
-
-def _mib(x: int | None) -> float | None:
-    return None if x is None else round(x / 2**20, 1)
-
-
 def _get_json(url: str) -> dict:
     import httpx
 
@@ -270,7 +208,7 @@ def run(args) -> int:
     if min(clients, args.per_client, args.duration) <= 0 or min(args.oversized, args.disconnects) < 0:
         print("error: --clients, --per-client and --duration must be > 0", file=sys.stderr)
         return 2
-    nofile = _raise_nofile(clients + args.oversized + args.disconnects + 256)
+    nofile = raise_nofile(clients + args.oversized + args.disconnects + 256)
     host, port = "127.0.0.1", free_port()
     url = f"http://{host}:{port}"
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenflow-bench-abuse-{os.getpid()}.log"
@@ -290,7 +228,7 @@ def run(args) -> int:
         for _ in range(4):  # warm-up: lazy initialisation on both paths
             httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 4}, timeout=60)
             httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 4, "stream": True}, timeout=60)
-        base = _proc_status(proc.pid).get("VmRSS", 0)
+        base = proc_status(proc.pid).get("VmRSS", 0)
         settle_s = 10.0
         prober = subprocess.Popen([sys.executable, "-c", PROBER, host, str(port), "0.02",
                                    str(args.duration + settle_s + 1.0)], stdout=subprocess.PIPE, text=True)
@@ -301,7 +239,7 @@ def run(args) -> int:
         async def main() -> float:
             async def sample() -> None:
                 while True:
-                    rss_samples.append(_proc_status(proc.pid).get("VmRSS", 0))
+                    rss_samples.append(proc_status(proc.pid).get("VmRSS", 0))
                     await asyncio.sleep(0.1)
 
             sampler = asyncio.ensure_future(sample())
@@ -326,7 +264,7 @@ def run(args) -> int:
         after = httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 16}, timeout=60)
         after_s = time.perf_counter() - t
         probe = json.loads(prober.communicate(timeout=args.duration + settle_s + 60)[0])
-        status = _proc_status(proc.pid)
+        status = proc_status(proc.pid)
         peak = max([status.get("VmHWM", 0), *rss_samples])
         t = time.monotonic()
         proc.terminate()
@@ -352,14 +290,14 @@ def run(args) -> int:
                        "prompt_chars": config.prompt_chars(max_model_len), "max_choices": config.max_choices},
             "requests": sum(abuse.statuses.values()), "statuses": dict(sorted(abuse.statuses.items())),
             "events": dict(sorted(abuse.events.items())),
-            "ok_latency_p50_s": _pct(abuse.latencies, 50), "ok_latency_p99_s": _pct(abuse.latencies, 99),
+            "ok_latency_p50_s": pct(abuse.latencies, 50), "ok_latency_p99_s": pct(abuse.latencies, 99),
             "five_xx": five_xx,
             "health_probes": len(lat), "health_failures": probe["failures"],
-            "health_p50_ms": _ms(_pct(lat, 50)), "health_p99_ms": _ms(_pct(lat, 99)), "health_max_ms": _ms(max(lat)),
-            "health_worst_ms_at_s": [[_ms(x), round(a - abuse_start, 2)]
+            "health_p50_ms": ms(pct(lat, 50)), "health_p99_ms": ms(pct(lat, 99)), "health_max_ms": ms(max(lat)),
+            "health_worst_ms_at_s": [[ms(x), round(a - abuse_start, 2)]
                                      for x, a in sorted(zip(lat, probe["at"]), reverse=True)[:8]],
-            "rss_base_mib": _mib(base), "rss_peak_mib": _mib(peak), "rss_bound_mib": _mib(bound["total"]),
-            "rss_bound_terms_mib": {k: _mib(v) for k, v in bound.items() if k != "total"},
+            "rss_base_mib": mib(base), "rss_peak_mib": mib(peak), "rss_bound_mib": mib(bound["total"]),
+            "rss_bound_terms_mib": {k: mib(v) for k, v in bound.items() if k != "total"},
             "settled_s": settled, "in_flight_after": {k: v for k, v in health.items() if k != "status"},
             "after_request_status": after.status_code, "after_request_s": round(after_s, 3),
             "shutdown_s": round(shutdown_s, 2), "log_tracebacks": server_log.count("Traceback"),

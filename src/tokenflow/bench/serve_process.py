@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -114,3 +115,72 @@ async def read_body(reader: asyncio.StreamReader, headers: dict) -> bytes:
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
     status, headers = await read_head(reader)
     return status, headers, await read_body(reader, headers)
+
+
+# ---- measuring (the abuse bench) --------------------------------------------------------------
+
+PROBER = r"""
+import http.client, json, sys, time
+
+host, port, interval, duration = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+lat, at, failures, conn = [], [], 0, None
+end = time.monotonic() + duration
+while time.monotonic() < end:
+    t = time.perf_counter()
+    at.append(time.time())
+    try:
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        r.read()
+        failures += r.status != 200
+    except Exception:
+        failures += 1
+        conn = None
+    lat.append(time.perf_counter() - t)
+    time.sleep(max(0.0, interval - (time.perf_counter() - t)))
+print(json.dumps({"latencies": lat, "at": at, "failures": failures}))
+"""
+
+
+
+def raise_nofile(needed: int) -> dict:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return {}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    return {"nofile_soft": soft}
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of ``pid``, in bytes (Linux)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(1000 * x, 2)
+
+
+def mib(x: int | None) -> float | None:
+    return None if x is None else round(x / 2**20, 1)

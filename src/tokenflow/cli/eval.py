@@ -21,6 +21,10 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trust-run-config", action="store_true",
+                   help="run the code a run folder's config names (task.reward, task.env, task.agent, "
+                        "scorer.token files or modules); without it such a config is refused (give --config "
+                        "or --task.KEY overrides of your own instead)")
     p.set_defaults(func=run, _allow_overrides=True)
 
 
@@ -120,7 +124,11 @@ def run(args, overrides: list[str] | None = None) -> int:
     config = args.config or (run_dir / "config.toml" if run_dir is not None else default_config_path())
     try:
         cfg = load_config(TrainConfig, config, overrides or [])
-    except ConfigError as e:
+        if not args.config and run_dir is not None:  # the folder's own config: data, not the user's word
+            from tokenflow.runtime.run.folder_code import refuse_folder_code
+
+            refuse_folder_code(cfg, overrides or [], config, args.trust_run_config)
+    except (ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tokenflow.engine.factory import make_engine

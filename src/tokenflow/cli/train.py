@@ -17,7 +17,11 @@ def register(subparsers) -> None:
     p.add_argument("--preset", help="start from this preset (wins over the file's own `preset = ...`)")
     p.add_argument("--output-dir", help="run folder (default runs/<run.name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--trust-run-config", action="store_true",
+                   help="with --resume: run the code the run folder's config names (task.reward, task.env, "
+                        "task.agent, scorer.token files or modules; trust_remote_code = true); without it such "
+                        "a config is refused, since a run folder is data that may come from anywhere")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config, then the memory estimate (as comments), and exit")
     p.add_argument("--help-config", action="store_true",
                    help="list every config key with the value it resolves to (for this CONFIG, preset and "
                         "overrides), the library default where different, and its documentation (the section [KEY] is "
@@ -40,7 +44,13 @@ def _load(args, overrides):
             from tokenflow.config.loading import ConfigError
 
             raise ConfigError(f"{args.resume} is not a run folder (no config.toml); give --resume the folder of a run")
-        return load_config(TrainConfig, path, overrides)  # fully resolved already: no preset
+        from tokenflow.runtime.run.folder_code import refuse_folder_code
+        from tokenflow.runtime.run.folder_guard import claim_for_resume
+
+        claim_for_resume(args.resume, mark=False)  # a run folder, no links in it: before its config is read
+        cfg = load_config(TrainConfig, path, overrides)  # fully resolved already: no preset
+        refuse_folder_code(cfg, overrides, path, args.trust_run_config)
+        return cfg
     preset = args.preset or (None if args.config else DEFAULT_PRESET)
     return load_config(TrainConfig, args.config, overrides, preset=preset)
 
@@ -68,6 +78,22 @@ def _input_errors() -> tuple[type[Exception], ...]:
     return ConfigError, InputError, DatasetError, RewardFunctionError, RunInUse, CheckpointError
 
 
+def _memory_lines(cfg) -> list[str]:
+    """The memory estimate, as TOML comments (the output stays a loadable config)."""
+    from tokenflow.model_store import resolve_model_path
+    from tokenflow.model_store.catalog import BUILT_MODELS, built_model_path, is_built
+    from tokenflow.runtime.run.memory_estimate import dry_run_lines
+
+    name = cfg.model.path
+    if name in BUILT_MODELS and not is_built(name):  # a dry run builds nothing
+        return [f"# memory estimate: unavailable ({name} is not built yet)"]
+    try:
+        folder = str(built_model_path(name)) if name in BUILT_MODELS else resolve_model_path(name)
+        return dry_run_lines(cfg, folder)
+    except Exception as e:  # noqa: BLE001 - a model not built yet, a folder without config.json
+        return [f"# memory estimate: unavailable ({type(e).__name__}: {_one_line(e)})"]
+
+
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
@@ -84,9 +110,12 @@ def _resume_advice(run_dir) -> str:
 
 
 def _reusable(run_dir) -> bool:
-    """A folder a run started in and died before its first checkpoint: nothing in it to keep."""
+    """A folder a run started in and died before its first checkpoint: nothing in it to keep.
+    `RunFolderError` for a non-empty folder that is no run folder (tokenflow never cleans one)."""
+    from tokenflow.runtime.run.folder_guard import claim_for_new_run
     from tokenflow.runtime.run.run_dir import RunDir
 
+    claim_for_new_run(run_dir)
     rd = RunDir(run_dir)
     return rd.config.is_file() and not rd.summary.exists() and not rd.complete_checkpoints()
 
@@ -117,6 +146,7 @@ def run(args, overrides: list[str] | None = None) -> int:
         return 0
     if args.dry_run:
         sys.stdout.write(to_toml(cfg))
+        sys.stdout.write("\n".join(_memory_lines(cfg)) + "\n")
         return 0
     from pathlib import Path
 
@@ -126,7 +156,12 @@ def run(args, overrides: list[str] | None = None) -> int:
         run_dir = Path(args.resume)
     else:
         run_dir = Path(args.output_dir) if args.output_dir else default_run_dir(cfg)
-        if run_dir.exists() and any(run_dir.iterdir()) and not _reusable(run_dir):
+        try:
+            reusable = _reusable(run_dir)
+        except input_errors as e:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        if run_dir.exists() and any(run_dir.iterdir()) and not reusable:
             print(f"error: run folder {run_dir} exists; continue it with --resume {run_dir} "
                   "or choose another --output-dir / --run.name", file=sys.stderr)
             return 2

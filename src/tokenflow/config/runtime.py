@@ -68,6 +68,11 @@ class RuntimeConfig(ConfigModel):
     restart_window_s: float = Field(default=60.0, ge=0)
     """A worker that dies again within this many seconds of being replaced stops the run
     instead (a crash loop is not healed); 0 turns the check off."""
+    check_memory: bool = True
+    """Before any process starts, estimate each worker's peak host memory (weights, gradients
+    and AdamW state, activations × trainer.micro_batch_tokens, logits, the engine's KV cache;
+    ``tokenflow train --dry-run`` prints it) and refuse a run that cannot fit in the memory
+    available (MemAvailable, the cgroup's limit). False: warn and start anyway."""
 
     @model_validator(mode="before")
     @classmethod

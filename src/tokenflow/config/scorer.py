@@ -73,6 +73,11 @@ class ScorerConfig(ConfigModel):
     """On-policy distillation from a frozen teacher (``[scorer.teacher]``)."""
     prm: PRMConfig | None = None
     """A process reward model (``[scorer.prm]``)."""
+    sandbox_fallback: bool = False
+    """Let a reward's code sandbox (``tokenflow.scoring.sandbox.Sandbox``) run without
+    bubblewrap: no private root, the program then sees the host's file tree read-only. Off, a
+    machine where bubblewrap cannot run fails the scorer's first ``Sandbox()`` with the reason
+    (docs/scorers.md). Sets ``TOKENFLOW_SANDBOX_FALLBACK=1`` for the scorer processes."""
 
     @property
     def any_token_scorer(self) -> bool:

@@ -53,6 +53,29 @@ class ServeConfig(ConfigModel):
     ``max_model_len`` (every KV-cache slot full, and three times as much waiting in the
     engine's queue). 0: no limit."""
 
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection that has not sent a whole request head this long after it opened (or, kept
+    alive, after the first byte of its next request) gets a 408 and is closed."""
+
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request whose body has not fully arrived this long after its head gets a 408 (the
+    connection closes after it). Request slots are taken only once the body is read, so a slow
+    body never holds one."""
+
+    max_connections: int = Field(default=4096, ge=0)
+    """Most connections open at once; a request on one past it gets a 503 and its connection
+    closes. `tokenflow serve` raises its soft open-file limit to this + 256 (within the hard
+    limit). 0: no cap."""
+
+    max_json_depth: int = Field(default=64, ge=2)
+    """Deepest nesting of arrays and objects a JSON body may have: deeper is a 400, found by a
+    scan of the bytes before the body is parsed."""
+
+    render_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest a chat template may take to render one request (or a prompt to tokenize): past
+    it the request is a 400 (``chat_template_timeout``) and the rendering thread is stopped and
+    replaced, so a template that loops fails its request, not the server."""
+
     retry_after_s: int = Field(default=1, ge=1)
     """The ``Retry-After`` of a 429, in seconds."""
 

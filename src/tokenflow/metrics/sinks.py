@@ -63,7 +63,9 @@ class JsonlSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "a", encoding="utf-8")
+        from tokenflow.metrics.safe_files import open_text
+
+        self._f = open_text(self.path, "a")  # never through a link the run folder carries
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._f.write(json.dumps({"step": step, **_clean(metrics)}, allow_nan=False) + "\n")

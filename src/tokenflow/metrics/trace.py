@@ -24,6 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tokenflow.metrics.safe_files import open_text, write_atomic
+
 
 class _Tracer:
     def __init__(self, path: Path, process_name: str, flush_every: int = 2000,
@@ -68,7 +70,7 @@ class _Tracer:
             self.last_flush = time.monotonic()
         if not events:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open_text(self.path, "a") as f:
             f.writelines(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
             self.self_s += time.perf_counter() - t0
             f.write(json.dumps({"name": "trace/self_s", "ph": "C", "ts": time.time() * 1e6, "pid": self.pid,
@@ -200,8 +202,7 @@ def merge(trace_dir: str | os.PathLike, out_path: str | os.PathLike) -> int:
     from tokenflow.metrics.sinks import read_jsonl  # skips the torn line of a killed process
 
     events = [e for f in sorted(Path(trace_dir).glob("*.jsonl")) for e in read_jsonl(f)]
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    write_atomic(out_path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return len(events)
 
 

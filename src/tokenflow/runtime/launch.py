@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenflow.metrics import trace
 from tokenflow.metrics import phases
+from tokenflow.metrics.safe_files import write_atomic
 from tokenflow.metrics.sinks import dumps_strict
 from tokenflow.model_store import resolve_model_path
 from tokenflow.runtime.run.run_dir import RunDir
@@ -30,9 +31,7 @@ def default_run_dir(cfg) -> Path:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dumps_strict(data, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, dumps_strict(data, indent=2))
 
 
 def _make_backend(cfg, engine_model: str, trainer_model: str, version: int, resume_dir, trace_dir):
@@ -93,6 +92,7 @@ def prepare(cfg, model: str):
         _import_run_modules()  # while the fork server imports the workers' modules
     tokenizer = preflight.load_tokenizer(model, ctx)
     task = build_task(cfg.task)
+    preflight.check_memory(cfg, model, task, tokenizer)
     if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
         if getattr(cfg.task, "agent", None):  # agent samples: played by the agent function
             preflight.check_agent(cfg.task.agent, tokenizer)
@@ -110,10 +110,14 @@ def train(cfg, run_dir: str | Path, *, resume: bool = False) -> dict:
     """Run (or resume) training; returns the summary also written to ``summary.json``.
 
     Resuming a folder that holds no checkpoint yet (the run died before its first one) starts it
-    again from step 0 with its stored config; resuming a finished run raises ``RunFinished``."""
+    again from step 0 with its stored config; resuming a finished run raises ``RunFinished``.
+    ``run_dir`` must be new, empty or a run folder (`tokenflow.runtime.run.folder_guard`:
+    ``RunFolderError`` otherwise, before anything is written)."""
+    from tokenflow.runtime.run.folder_guard import claim_for_new_run, claim_for_resume
     from tokenflow.runtime.run.resources import release_segments, run_resources
 
     rd = RunDir(run_dir)
+    (claim_for_resume if resume else claim_for_new_run)(rd.root)
     if resume:
         done = rd.finished(cfg.run.steps)
         if done is not None:
@@ -165,7 +169,7 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         if resume:
             log.warning("%s holds no complete checkpoint: the run starts again from step 0", rd.root)
         rd.reset()
-        rd.config.write_text(to_toml(cfg))
+        write_atomic(rd.config, to_toml(cfg))
     phases.mark("run_folder_ready")
     trace_dir = str(rd.trace_dir) if cfg.metrics.trace else None
     trace.configure(trace_dir, "orchestrator")
@@ -178,6 +182,8 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
         phases.mark("workers_spawn_start")
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
         phases.mark("workers_spawned")
+        if cfg.scorer.sandbox_fallback:  # read by Sandbox() in the scorer processes started below
+            os.environ["TOKENFLOW_SANDBOX_FALLBACK"] = "1"
         if cfg.runtime.backend == "ray":
             from tokenflow.runtime.backends.ray.scoring import RayScorerPool
 

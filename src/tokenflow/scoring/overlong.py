@@ -49,13 +49,17 @@ def model_turn_lengths(r: Rollout) -> list[int]:
 
 
 def shape_overlong(group: list[Rollout], max_tokens: int, buffer_tokens: int, factor: float) -> None:
-    """Add the overlong penalty (of each sample's longest model turn) to every scored sample's
-    reward, in place."""
-    for r in group:
-        if r.failed or r.reward is None:
-            continue
+    """Add the overlong penalty (of each episode's longest model turn) to every scored sample's
+    reward, in place. An episode split into several rows (one sample, ``sample_index``) gets one
+    penalty, its worst turn's over all its rows."""
+    scored = [r for r in group if not r.failed and r.reward is not None]
+    worst: dict[int, float] = {}
+    for r in scored:
         p = min((overlong_penalty(n, max_tokens, buffer_tokens, factor) for n in model_turn_lengths(r)),
                 default=0.0)
+        worst[r.sample_index] = min(p, worst.get(r.sample_index, 0.0))
+    for r in scored:
+        p = worst[r.sample_index]
         r.info = {**r.info, "unshaped_reward": float(r.reward)}
         r.reward = float(r.reward) + p
         r.rewards = {**r.rewards, "reward": r.reward, "overlong_penalty": p}

@@ -275,6 +275,9 @@ class ScorerPool:
             else:
                 r.rewards = res
                 r.reward = res["reward"]
+                # Scored again (a resume's kept group, a restarted pool): an earlier failure is gone.
+                r.failed = False
+                r.info.pop("score_error", None)
             self.scored += 1
         trace.record("scorer/group", p.started, time.time() - p.started, n=len(p.group))
 

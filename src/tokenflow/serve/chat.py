@@ -5,11 +5,23 @@ rendering multi-turn training uses), with the request's ``tools`` passed to the 
 their JSON schemas; generation stops at the template's turn-end ids (and EOS). Tool calls are
 read from the completion's text by `tokenflow.envs.tool_calls` in the request's
 ``tool_format``; what is not a well-formed call stays in ``content``.
+
+**Markers typed by a client are text.** The template's own markers (ChatML's ``<|im_start|>``,
+``<|im_end|>``, a tool role's tag) are special tokens; the same characters inside what a client
+wrote — the text, names and tool-call ids of system, user and tool messages, and the request's
+tool schemas — must not become them, or a user could forge turns and tool results. When such a
+string holds a marker (`markers`: the tokenizer's special added tokens, and added tokens that look
+like markup, ``<tool_call>``), each marker there is swapped for a placeholder of plain letters,
+the template renders the conversation as text, and the text is tokenized piece by piece: the
+template's text with its markers as special tokens, each placeholder as the marker's characters
+(``split_special_tokens``). A conversation without markers renders exactly as before. The
+assistant's own turns are left as they are (the model wrote those tokens).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
 from tokenflow.envs.bridge import BridgeError, ChatBridge
@@ -25,6 +37,8 @@ class ChatFormat:
     def __init__(self, tokenizer) -> None:
         self.bridge: ChatBridge | None = None
         self.unavailable = ""
+        self.tokenizer = tokenizer
+        self.markers, self.added_ids = markers(tokenizer)
         if tokenizer is None:
             self.unavailable = "this model has no tokenizer; send token ids to /v1/completions"
             return
@@ -42,10 +56,92 @@ class ChatFormat:
         if self.bridge is None:
             raise bad_request(self.unavailable, "messages", "chat_template_missing")
         schemas = [t.model_dump(mode="json", exclude_none=True) for t in tools] if tools else None
+        msgs = template_messages(messages)
         try:
-            return self.bridge.prompt_ids(template_messages(messages), schemas=schemas)
+            if not self.has_markers(msgs, schemas):
+                return self.bridge.prompt_ids(msgs, schemas=schemas)
+            return self._marked_prompt_ids(msgs, schemas)
         except BridgeError as e:
             raise bad_request(str(e), "messages") from None
+
+    def has_markers(self, messages: list[dict], schemas: list[dict] | None = None) -> bool:
+        """Whether a client-written string of these messages (not the assistant's) or tools holds
+        one of the template's markers."""
+        if self.markers is None:
+            return False
+        written = [m for m in messages if m.get("role") != "assistant"]
+        return any(self.markers.search(t) for t in _each_string([written, schemas]))
+
+    def _marked_prompt_ids(self, messages: list[dict], schemas: list[dict] | None) -> list[int]:
+        """The prompt ids with every marker in client-written strings tokenized as its text."""
+        nonce, typed = secrets.token_hex(6), []
+
+        def hide(text: str) -> str:
+            def one(m: re.Match) -> str:
+                typed.append(m.group(0))
+                return f"TFMARK{nonce}N{len(typed) - 1}N"
+            return self.markers.sub(one, text)
+
+        messages = [m if m.get("role") == "assistant" else _strings(m, hide) for m in messages]
+        bridge = self.bridge
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=_strings(schemas, hide), add_generation_prompt=True, tokenize=False,
+                chat_template=bridge.chat_template, **bridge.template_kwargs)
+        except Exception as e:  # noqa: BLE001 - Jinja raises many types
+            raise BridgeError(f"the chat template cannot render this conversation: {type(e).__name__}: {e}") from e
+        ids: list[int] = []
+        for i, piece in enumerate(re.split(f"TFMARK{nonce}N(\\d+)N", text)):
+            if i % 2:
+                ids += self._text_ids(typed[int(piece)])
+            elif piece:
+                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        return [int(t) for t in ids]
+
+    def _text_ids(self, text: str) -> list[int]:
+        """``text``'s ids with no added token among them (a non-special added token is not split by
+        ``split_special_tokens``: then its first character goes alone)."""
+        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if len(text) > 1 and any(t in self.added_ids for t in ids):
+            return self._text_ids(text[:1]) + self._text_ids(text[1:])
+        return list(ids)
+
+
+_MARKUP = re.compile(r"<[^<>\s]{1,64}>|\[/?[A-Z_]{2,32}\]")
+
+
+def markers(tokenizer) -> tuple[re.Pattern | None, frozenset[int]]:
+    """A pattern of the strings that tokenize as template markers (the special added tokens, and
+    the added tokens that look like markup), and the ids of all added tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts = {t.content for t in added.values()
+             if t.content and (getattr(t, "special", False) or _MARKUP.fullmatch(t.content))}
+    if not texts:
+        return None, frozenset(added)
+    pattern = "|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True))
+    return re.compile(pattern), frozenset(int(i) for i in added)
+
+
+def _each_string(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _each_string(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _each_string(v)
+
+
+def _strings(value, fn):
+    """``value`` with ``fn`` applied to every string in it (dicts and lists walked, new ones built)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strings(v, fn) for v in value]
+    return value
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -2,8 +2,9 @@
 
 ::
 
-    request ─► slot (max_requests, else 429) ─► body (max_body_bytes, else 413; the body bytes
-        of all requests, max_body_bytes_in_flight, else 429) ─► JSON ─►
+    request ─► body (max_body_bytes, else 413; the body bytes of all requests,
+        max_body_bytes_in_flight, else 429; body_timeout_s, else 408) ─► slot (max_requests,
+        else 429) ─► JSON depth (max_json_depth, else 400) ─► JSON ─►
         prompt bound and prompts x n (400, before validation and tokenizing) ─► FastAPI's
         validation ─► service: tokenize (a thread) ─► tokens (max_tokens_in_flight, else 429)
 
@@ -19,6 +20,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import threading
 
 from fastapi.routing import APIRoute
@@ -66,15 +68,17 @@ class Admission:
         """429s answered so far."""
         self._lock = threading.Lock()
 
-    def enter(self) -> Ticket:
-        """A request slot, or a 429."""
+    def enter(self, ticket: Ticket | None = None) -> Ticket:
+        """A request slot (for ``ticket``, or a new one), or a 429."""
+        ticket = ticket if ticket is not None else Ticket(self)
         with self._lock:
             if self.max_requests and self.requests >= self.max_requests:
                 self.refused += 1
                 raise rate_limited(f"This server is at its limit of {self.max_requests} requests in flight "
                                    "(serve.max_requests).", "requests", self.retry_after_s)
             self.requests += 1
-        return Ticket(self, requests=1)
+            ticket.requests += 1
+        return ticket
 
     def take_body(self, ticket: Ticket, size: int, *, close: bool) -> None:
         """``size`` more body bytes for the request of ``ticket``, or a 429 (``close``: the
@@ -238,12 +242,57 @@ def _message_chars(m) -> int:
     return n
 
 
-async def read_body(request: Request, limit: int, admission: Admission, ticket: Ticket) -> bytes:
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def too_deep(body: bytes, limit: int) -> bool:
+    """Whether JSON ``body`` nests arrays and objects more than ``limit`` deep, from its bytes
+    (C-speed passes, no parse): strings dropped, brackets kept, and innermost pairs removed
+    ``limit`` times. Unbalanced brackets are left for the parser to refuse."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    s = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        t = s.replace(b"[]", b"").replace(b"{}", b"")
+        if not t or t == s:
+            return False
+        s = t
+    return True
+
+
+def parse_json(body: bytes, limit: int):
+    """The body's JSON, None when it does not parse (FastAPI then says what is wrong), or a 400
+    when it nests deeper than ``limit``."""
+    message = (f"The request body's JSON nests arrays and objects more than {limit} levels deep "
+               "(serve.max_json_depth).")
+    if too_deep(body, limit):
+        raise bad_request(message, code="json_too_deep")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise bad_request(message, code="json_too_deep") from None
+    except ValueError:
+        return None
+
+
+async def read_body(request: Request, limit: int, admission: Admission, ticket: Ticket,
+                    timeout_s: float | None = None) -> bytes:
     """The whole body, or a 413 as soon as it is known to be over ``limit``: from its
     ``Content-Length`` before reading any of it, or while reading a chunked one. Its bytes are
     taken from the body budget first (a 429 when they do not fit). A chunked body, or one that
     announced more than `DRAIN_FACTOR` times the limit, has its connection closed after the
-    answer, so the rest is never read."""
+    answer, so the rest is never read. A body not read within ``timeout_s`` is a 408 (the
+    connection closes after it)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit, admission, ticket)
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {timeout_s:g} s (serve.body_timeout_s).",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, limit: int, admission: Admission, ticket: Ticket) -> bytes:
     declared = _declared(request)
     if declared is not None and declared > limit:
         raise too_large(limit, close=declared > DRAIN_FACTOR * limit)
@@ -310,15 +359,15 @@ def limited_route(service) -> type[APIRoute]:
                 declared, limit = _declared(request), service.max_body_bytes
                 if declared is not None and declared > limit:  # from its headers: no slot needed
                     raise too_large(limit, close=declared > DRAIN_FACTOR * limit)
-                ticket = service.admission.enter()
+                ticket = Ticket(service.admission)
                 try:
-                    body = await read_body(request, service.max_body_bytes, service.admission, ticket)
+                    body = await read_body(request, service.max_body_bytes, service.admission, ticket,
+                                           service.config.body_timeout_s)
+                    service.admission.enter(ticket)  # a slot only once the body is here
                     if body and _is_json(request):
-                        try:
-                            request._json = data = json.loads(body)  # noqa: SLF001 - Starlette's `Request.json` cache
-                        except ValueError:
-                            pass  # FastAPI parses it again and says what is wrong
-                        else:
+                        data = parse_json(body, service.config.max_json_depth)
+                        if data is not None:  # else FastAPI parses it again and says what is wrong
+                            request._json = data  # noqa: SLF001 - Starlette's `Request.json` cache
                             check(data)
                     response = await handler(request)
                 except ClientDisconnect:  # gone while sending its body: nobody reads an answer

@@ -7,7 +7,8 @@ log-probs and versions of the call reach ``on_call`` (a `CallHook`) as rollouts,
 training runtime can record agent traffic served here.
 
 Prompts are tokenized (and chat templates rendered) in a thread of their own, never on the event
-loop; a call's tokens (prompt + max_tokens x n) are admitted against the token budget before
+loop, within ``serve.render_timeout_s`` (`TokenizerThread`: a template that loops fails its
+request, and the thread is replaced); a call's tokens (prompt + max_tokens x n) are admitted against the token budget before
 they reach the engine (`tokenflow.serve.limits`), and whatever ends a call (its answer, its
 client going away, a stop) aborts what it still runs in the engine and frees its tokens.
 """
@@ -15,7 +16,6 @@ client going away, a stop) aborts what it still runs in the engine and frees its
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -53,6 +53,7 @@ from tokenflow.serve.protocol import (
     ModelList,
     ToolCallDelta,
 )
+from tokenflow.serve.tokenizing import TokenizerThread
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +79,13 @@ class OpenAIService:
         """Set when the server starts shutting down: new calls get a 503."""
         self.turns = Turns()
         """The event loop, in turns (`Turns`): a burst of work is spread over loop iterations."""
-        self._tokenizing: concurrent.futures.ThreadPoolExecutor | None = None
+        self.tokenizing = TokenizerThread(config.render_timeout_s)
         """The one thread that tokenizes prompts and renders chat templates (one tokenizer is not
-        called from two threads at once)."""
+        called from two threads at once), each job within ``serve.render_timeout_s``."""
 
     def close(self) -> None:
         """Let the tokenizer thread go (the server has stopped)."""
-        if self._tokenizing is not None:
-            self._tokenizing.shutdown(wait=False, cancel_futures=True)
-            self._tokenizing = None
+        self.tokenizing.close()
 
     def drain(self, reason: str = "the server is shutting down") -> None:
         """A stop's time is nearly up: every call still running gets a 503 (a stream: an error
@@ -96,9 +95,7 @@ class OpenAIService:
 
     async def _off_loop(self, fn, *args):
         """``fn(*args)`` in the tokenizer thread: the event loop keeps answering meanwhile."""
-        if self._tokenizing is None:
-            self._tokenizing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenflow-serve-tokenize")
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
+        return await self.tokenizing.run(fn, *args)
 
     # -- models -------------------------------------------------------------------------------
 

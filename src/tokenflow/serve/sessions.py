@@ -264,6 +264,8 @@ class SessionService(OpenAIService):
         k = len(prev.messages)
         if len(messages) <= k + 1 or messages[:k] != prev.messages or not _same_reply(messages[k], prev.reply):
             return None
+        if self.chat_format.has_markers(messages[k + 1:], schemas):
+            return None  # rendered whole, with the typed markers as text (`ChatFormat.prompt_ids`)
         bridged = self._bridge(schemas)
         completion = prev.rollout.completion_ids.tolist()
         if bridged is None or not bridged[1] or not bridged[0].ends_turn(completion):

@@ -108,7 +108,8 @@ def test_sigkill_with_episodes_in_flight_then_resume_neither_loses_nor_repeats_a
         if later > ckpt:
             shutil.rmtree(later)
     in_flight = _in_flight(ckpt)
-    proc = start_cli(["--resume", str(run), "--metrics.progress", "false"], tmp_path / "second.log")
+    trust = ["--trust-run-config"] if agent else []  # the agent is a file the run folder's config names
+    proc = start_cli(["--resume", str(run), "--metrics.progress", "false", *trust], tmp_path / "second.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == STEPS

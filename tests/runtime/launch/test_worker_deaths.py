@@ -41,6 +41,10 @@ def test_a_killed_worker_ends_the_run_in_time_with_a_resume_command_that_works(t
     out = log.read_text()
     assert code == 1, out[-3000:]
     assert named in out and "died" in out, out[-3000:]
+    if kind != "scorer0":  # how it died, its peak memory and what bounds it (memory_watch)
+        assert "killed by SIGKILL (maybe the out-of-memory killer" in out or "out-of-memory killer (" in out, out[-3000:]
+        assert "its peak resident memory was " in out and ("trainer.micro_batch_tokens = " in out
+                                                         or "engine.max_num_seqs = " in out), out[-3000:]
     assert "Traceback" not in out.split("error:")[-1], out[-3000:]
     advice = next(line for line in out.splitlines() if line.startswith("The last checkpoint"))
     assert "leaked shared_memory" not in out  # the dead trainer's weight slots were released, not leaked

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 
 import pytest
+import torch
 
 from tests.runtime.runtime_testlib import SMALL, ledger, start_cli, step_rows, wait_until, workers
 from tokenflow.bench.chaos_checks import metric_rows, prompt_accounting
@@ -68,6 +71,12 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes_as_if_it_had_not_died(
     assert code == 0, out[-3000:]
     heal = [r for r in _heal_rows(run) if r["event"] == "replaced"]
     assert [r["worker"] for r in heal] == [victim.rstrip("0")], heal
+    if victim != "scorer0":  # how it died and its peak memory (memory_watch)
+        assert heal[0]["cause"] == "sigkill" and heal[0]["peak_rss_gb"] > 0.1, heal
+        assert "killed by SIGKILL" in heal[0]["error"], heal
+        peaks = json.loads((run / "summary.json").read_text())["peak_rss_gb"]
+        assert set(peaks) == {"engine", "trainer"} and min(peaks.values()) > 0.1, peaks
+        assert step_rows(run)[-1]["perf/peak_rss_gb/trainer"] > 0.1
     if victim == "trainer":  # restored from step 3's checkpoint, then step 4 (at least) replayed
         assert heal[0]["restored_step"] == 3 and heal[0]["replay_steps"] >= 1, heal
     if victim == "engine":  # its groups in flight were sent to the new engine
@@ -191,3 +200,65 @@ def test_the_restart_policy_counts_each_worker_and_refuses_a_crash_loop():
     assert e.value.worker == "engine0" and str(e.value).startswith("the engine0 process (pid 7) died")
     with pytest.raises(WorkerDied, match=r"not replaced: runtime.max_worker_restarts = 0"):
         RestartPolicy(max_restarts=0, window_s=0).admit("scorer", died)
+
+
+def _hold_a_checkpoint_write(run, held: dict, stop: threading.Event) -> None:
+    """Hold the trainer's background write of a checkpoint (step ≥ 2): a FIFO where it writes
+    ``trainer_state.pt`` blocks that write until someone reads it (nobody does). Then SIGKILL
+    the trainer while its write hangs, and take the FIFO away so the new trainer's write goes
+    through. A FIFO that comes too late (the file is written already) fails with EEXIST: the
+    next checkpoint is tried."""
+    seen: set[str] = set()
+    while not stop.is_set():
+        for staging in sorted((run / "checkpoints").glob(".tmp-step_*")) if (run / "checkpoints").exists() else []:
+            if staging.name in seen or int(staging.name.rsplit("_", 1)[-1]) < 2:
+                continue
+            seen.add(staging.name)
+            fifo = staging / "trainer_state.pt"
+            try:
+                os.mkfifo(fifo)
+            except OSError:
+                continue  # written already, or the staging folder went: try the next checkpoint
+            time.sleep(held["delay_s"])  # the trainer trains on meanwhile (a step in flight, or its next save waiting)
+            held["step"] = int(staging.name.rsplit("_", 1)[-1])
+            os.kill(workers(run)["trainer"], signal.SIGKILL)
+            os.unlink(fifo)
+            return
+        time.sleep(0.001)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s", [0.05, 1.5], ids=["short-hold", "long-hold"])
+def test_a_trainer_killed_while_a_background_checkpoint_is_written_is_replaced_and_every_checkpoint_holds_its_step(
+        tmp_path, delay_s):
+    """The review's hang: the dead trainer's unwritten checkpoint was re-sent after the whole
+    replay (checkpoint N got version S > N weights) or, with a step in flight, never (the run
+    hung after its last step, with no summary). Each unwritten checkpoint is saved again right
+    after its own step is replayed."""
+    run, log = tmp_path / "run", tmp_path / "log"
+    steps = 8
+    proc = start_cli([*SMALL, "--output-dir", str(run), "--run.steps", str(steps), "--run.checkpoint_every", "1",
+                      "--run.keep_checkpoints", "100", "--runtime.restart_window_s", "0",
+                      "--runtime.worker_timeout_s", "60"], log)
+    held, stop = {"delay_s": delay_s}, threading.Event()
+    holder = threading.Thread(target=_hold_a_checkpoint_write, args=(run, held, stop), daemon=True)
+    holder.start()
+    try:
+        code = proc.wait(timeout=240)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = log.read_text()
+    assert "step" in held, f"no checkpoint write was held: {out[-2000:]}"
+    assert code == 0 and (run / "summary.json").exists(), out[-3000:]
+    assert [r["worker"] for r in _heal_rows(run) if r["event"] == "replaced"] == ["trainer"]
+    checkpoints = sorted((run / "checkpoints").glob("step_*"))
+    assert [int(c.name.split("_")[-1]) for c in checkpoints] == list(range(1, steps + 1))
+    for c in checkpoints:
+        step = int(c.name.split("_")[-1])
+        assert json.loads((c / "orchestrator.json").read_text())["step"] == step
+        assert torch.load(c / "trainer_state.pt", weights_only=True)["version"] == step, c.name
+    accounting = prompt_accounting(run)
+    assert accounting["prompts_lost"] == accounting["prompts_repeated"] == 0, accounting
+    assert metric_rows(run, steps) == {"metric_rows_duplicated": 0, "metric_steps_missing": 0}

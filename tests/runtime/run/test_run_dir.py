@@ -159,7 +159,7 @@ def test_reset_forgets_the_logs_and_the_staging_folders(tmp_path):
     run.staging_dir(7)
     run.staging_dir(7)  # a second staging of a step starts empty
     run.reset()
-    assert sorted(p.name for p in run.root.iterdir()) == ["checkpoints"]
+    assert sorted(p.name for p in run.root.iterdir()) == [".tokenflow-run", "checkpoints"]  # the marker stays
     assert [p.name for p in run.checkpoints.iterdir()] == ["step_000002"]
 
 

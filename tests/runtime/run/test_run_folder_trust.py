@@ -6,6 +6,7 @@ the file (exit 2), before anything in it is executed."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -164,3 +165,42 @@ def test_a_tampered_checkpoint_runs_no_code_and_names_the_file(checkpointed_run,
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert not marker.exists(), "a payload in the run folder ran"
     assert len(lines) == 1 and file in lines[0] and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _planted_model_code(ckpt: Path, marker: Path) -> None:
+    """The checkpoint's model config names model code beside it (``auto_map``) that creates ``marker``."""
+    model = ckpt / "model"
+    (model / "planted_model.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "planted_model.PlantedConfig",
+                          "AutoModelForCausalLM": "planted_model.PlantedForCausalLM"}
+    (model / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.slow
+def test_trust_remote_code_in_the_folder_runs_no_model_code_it_carries(checkpointed_run, tmp_path):
+    marker = tmp_path / "model-code-ran"
+    run = tampered(checkpointed_run, tmp_path / "remote-code", lambda ckpt: _planted_model_code(ckpt, marker))
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("trust_remote_code = false", "trust_remote_code = true"))
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}  # where transformers copies the code
+    proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", "--resume", str(run),
+                           "--run.steps", "3"], capture_output=True, text=True, timeout=300, env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert not marker.exists(), "model code the run folder carries ran"
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and "trainer.trust_remote_code = true" in lines[0] and "--trust-run-config" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_run_folder_of_an_earlier_version_resumes_and_is_marked(checkpointed_run, tmp_path):
+    from tokenflow.runtime.run.folder_guard import MARKER
+
+    run = tmp_path / "old"
+    shutil.copytree(checkpointed_run, run)
+    for name in ("summary.json", MARKER):  # an earlier tokenflow wrote no marker
+        (run / name).unlink()
+    proc = resume(run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run / MARKER).read_text()) == {"format": 1}
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3

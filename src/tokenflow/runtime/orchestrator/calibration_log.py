@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 from tokenflow.metrics.sinks import dumps_strict
+from tokenflow.metrics.safe_files import write_atomic
 
 MAX_SAMPLES = 20_000  # per series; reservoir-sampled beyond this
 
@@ -78,4 +79,4 @@ class CalibrationLog:
                          "trainer_idle_frac": summary["trainer_idle_frac"],
                          "engine_idle_frac": summary["engine_idle_frac"]},
         }
-        Path(path).write_text(dumps_strict(data))
+        write_atomic(path, dumps_strict(data))

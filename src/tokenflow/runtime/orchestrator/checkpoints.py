@@ -152,7 +152,15 @@ class Checkpointer:
                                                     self.state.cfg.run.keep_checkpoints, files)
 
     def poll(self) -> None:
-        """Finish the checkpoints whose commit is done (a failed one stops the run)."""
+        """Finish the checkpoints whose commit is done (a failed one stops the run), and stop the
+        run when one waits past ``runtime.worker_timeout_s``, naming what it waits for."""
+        limit = self.state.cfg.runtime.worker_timeout_s
+        for p in self.pending:
+            if p.future is None and time.monotonic() - p.t0 > limit:
+                waits = ([] if p.written is not None else ["the trainer's write (SaveWritten)"]) + \
+                    ([f"the in-flight report of {', '.join(sorted(p.awaiting))}"] if p.awaiting else [])
+                raise RunFailed(f"checkpoint step_{p.step:06d} was not finished within {limit:g}s "
+                                f"(runtime.worker_timeout_s): still waiting for {' and '.join(waits)}")
         for p in [p for p in self.pending if p.future is not None and p.future.done()]:
             try:
                 path = p.future.result()
@@ -170,7 +178,8 @@ class Checkpointer:
         stall = time.monotonic() - p.t0
         self.stalls.append(stall)
         self._row["time/checkpoint_stall_s"] = stall
-        self.state.trainer_busy = False
+        if self.state.pending_batch is None:  # a healed trainer may have a replayed step queued after the save
+            self.state.trainer_busy = False
         maybe_unpause(self.state, self.backend)  # blocking mode: a load that landed during the save unpauses nothing
 
     # ---- reporting, closing ----------------------------------------------------------------

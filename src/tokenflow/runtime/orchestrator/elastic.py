@@ -31,6 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from tokenflow.metrics.safe_files import open_text, write_atomic
 from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.orchestrator.autoscale import AutoScale, reading
 from tokenflow.runtime.orchestrator.checkpoints import Checkpointer
@@ -81,7 +82,7 @@ class Elastic:
         self._window = None  # (step, wall, trainer busy, engine wall, engine busy) at the last reading
         self._next_poll = 0.0
         self._status = None
-        self.events = open(state.run_dir.engines_log, "a", encoding="utf-8")
+        self.events = open_text(state.run_dir.engines_log, "a")
 
     # ---- what the orchestrator asks ------------------------------------------------------
     def admits(self, env) -> bool:
@@ -344,9 +345,7 @@ class Elastic:
         except (OSError, ValueError):
             pids = {}
         pids[w.name] = w.pid
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(pids, indent=2), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(pids, indent=2))
 
     def _write_status(self) -> None:
         state = self.state

@@ -75,7 +75,7 @@ class Healer:
         self.enabled = rt.max_worker_restarts > 0
         self.sent: list[M.Train] = []  # Train messages since the last committed checkpoint
         self.replay: list[M.Train] | None = None  # what a replaced trainer does before anything new
-        self.resave = None  # the staging folder of a checkpoint the dead trainer never wrote
+        self.resave: list[tuple[int, str]] = []  # (step, staging folder) of checkpoints the dead trainer never wrote
         self.booting: set[str] = set()  # replaced engines that have not sent WorkerBooted yet
         self.log_path = state.run_dir.root / "heal.jsonl"
 
@@ -98,17 +98,24 @@ class Healer:
             return
         state, trainer = self.state, self.backend.trainer
         in_flight = replay[-1] if replay and replay[-1].step > state.step else None
+        # Each unwritten checkpoint is saved again right after its own step is replayed, so
+        # checkpoint N holds version N's weights beside step N's state (not the replay's end).
+        resave = sorted(self.resave)
         for m in replay[:-1] if in_flight is not None else replay:
+            while resave and resave[0][0] < m.step:
+                self._save(resave.pop(0)[1])
             trainer.send(M.Train(m.step, m.rollouts, sync_weights=False))
+        for _, staging in resave:
+            self._save(staging)
         trainer.send(M.PushWeights())
         if in_flight is not None:
             trainer.send(in_flight)
-            state.trainer_busy = True
-        elif self.resave is not None:
-            trainer.send(M.Save(str(self.resave), background=self.checkpoints.background))
-            state.trainer_busy = True
-        self.resave = None
+        state.trainer_busy = in_flight is not None or bool(self.resave)
+        self.resave = []
         self._note("trainer", "ready", replayed=len(replay) - (in_flight is not None))
+
+    def _save(self, staging: str) -> None:
+        self.backend.trainer.send(M.Save(staging, background=self.checkpoints.background))
 
     def booted(self, worker: str) -> None:
         """A replaced engine has loaded its model (``WorkerBooted``)."""
@@ -153,14 +160,15 @@ class Healer:
         role = _role(e.worker)
         n = self.policy.admit(role, e)
         log.warning("%s; replacing it (restart %d of %d, step %d)", e, n, self.policy.max_restarts, self.state.step)
+        death = {"cause": e.cause, "peak_rss_gb": e.peak_rss_gb}  # heal.jsonl: how it ended (memory_watch)
         if role == "trainer":
-            self._replace_trainer(str(e))
+            self._replace_trainer(str(e), **death)
         else:
-            self._replace_engine(role, n, str(e))
+            self._replace_engine(role, n, str(e), **death)
         self._write_workers()
 
     # ---- replacements ------------------------------------------------------------------------
-    def _replace_engine(self, name: str, n: int, error: str) -> None:
+    def _replace_engine(self, name: str, n: int, error: str, **death) -> None:
         state, backend = self.state, self.backend
         index = backend.replace_engine(name)
         engine = backend.engines[index]
@@ -169,9 +177,9 @@ class Healer:
         resend_after_restart(state, backend, self.heldout, M.WorkerRestarted(name, n))
         self.checkpoints.engine_gone(name)  # a checkpoint waiting on its in-flight report goes on
         self.booting.add(name)
-        self._note(name, "replaced", error=error, pid=engine.pid, resent_groups=lost)
+        self._note(name, "replaced", error=error, pid=engine.pid, resent_groups=lost, **death)
 
-    def _replace_trainer(self, error: str) -> None:
+    def _replace_trainer(self, error: str, **death) -> None:
         state, backend = self.state, self.backend
         ckpt = state.run_dir.latest_checkpoint()
         start = backend.trainer_start_step
@@ -181,10 +189,11 @@ class Healer:
         if [m.step for m in replay] != want:
             raise RunFailed(f"{error}; not replaced: the batches of steps {want[0]}..{want[-1]} since the last "
                             f"checkpoint are not all kept (have {[m.step for m in replay]})")
-        unwritten = next((p for p in self.checkpoints.pending if p.written is None), None)
-        if unwritten is not None:  # the dead trainer was writing it (maybe in the background): again
-            self.resave = unwritten.staging
-            unwritten.trainer_free = False  # the new trainer answers Saved for it
+        self.resave = []  # a trainer that died before its replacement was ready: collected afresh
+        for p in self.checkpoints.pending:
+            if p.written is None:  # the dead trainer was writing it (maybe in the background): again
+                self.resave.append((p.step, str(p.staging)))
+                p.trainer_free = False  # the new trainer answers Saved for it
         self._release_sync(state.sync_spec)
         state.sync_spec, state.sync_broken = None, None
         state.trainer_busy, state.trainer_ready = True, False
@@ -194,7 +203,7 @@ class Healer:
         state.last_msg_from[backend.trainer.name] = time.monotonic()
         self.replay = replay
         self._note("trainer", "replaced", error=error, pid=backend.trainer.pid, restored_step=restored,
-                   replay_steps=len(replay))
+                   replay_steps=len(replay), **death)
 
     @staticmethod
     def _release_sync(spec) -> None:

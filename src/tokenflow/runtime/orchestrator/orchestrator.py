@@ -25,6 +25,7 @@ from tokenflow.buffer import DynamicSampling, RolloutBuffer
 from tokenflow.config.sync import sync_due
 from tokenflow.tasks.prompts import prompt_encoder
 from tokenflow.metrics import phases, trace
+from tokenflow.metrics.safe_files import open_text
 from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.orchestrator import routing, run_state
 from tokenflow.runtime.orchestrator.checkpoints import Checkpointer, resume_kept
@@ -41,6 +42,7 @@ from tokenflow.runtime.orchestrator.step_metrics import (
 from tokenflow.runtime.run.run_dir import RunDir
 from tokenflow.runtime.view.progress import Progress
 from tokenflow.runtime.workers import messages as M
+from tokenflow.runtime.workers.memory_watch import peaks_gb
 from tokenflow.scoring.overlong import shape_overlong
 
 __all__ = ["Orchestrator", "RunFailed", "RunState"]
@@ -208,6 +210,7 @@ class Orchestrator:
                         "perf/trainer_idle_frac": s.idle.trainer_idle(wall - s.wall_offset),
                         "perf/engine_idle_frac": s.idle.engine_idle(s.engine_totals),
                         "policy/version": float(msg.version)})
+        metrics.update({f"perf/peak_rss_gb/{w}": gb for w, gb in peaks_gb(self.backend.all_workers).items()})
         s.last_step_wall = wall
         if s.blocking and not sync_due(msg.step, self.cfg.sync.every, self.cfg.run.steps):
             self.backend.broadcast(M.SetPaused(False))  # no push this step: nothing to wait for
@@ -269,7 +272,7 @@ class Orchestrator:
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> dict:
         cfg, s = self.cfg, self.state
-        self.ledger = open(s.run_dir.ledger, "a", encoding="utf-8")
+        self.ledger = open_text(s.run_dir.ledger, "a")
         # Engines joining and leaving (Ray); the control folder.
         self.elastic = Elastic(s, self.backend, checkpoints=self.checkpoints, heldout=self.heldout)
         self.progress = Progress(cfg.run.steps, start=s.step, enabled=cfg.metrics.progress)
@@ -337,6 +340,7 @@ class Orchestrator:
             self.progress.status(None)
             summary = run_state.summary(s, final, train_wall, time.monotonic() - t_start, self.checkpoints.summary())
             summary["engines"] = self.elastic.summary()
+            summary["peak_rss_gb"] = peaks_gb(self.backend.all_workers)  # each worker's, sampled (memory_watch)
             s.calibration.write(s.run_dir.calibration, cfg, summary)
             return summary
         finally:

@@ -7,6 +7,8 @@ worker minutes later.
     reward        importable, a function, callable as fn(prompt, completion, example) on a real
                   example, returning a number
     prompts       every character of every prompt is something the tokenizer can encode
+    memory        the workers' estimated peak memory fits in what the machine has
+                  (``tokenflow.runtime.run.memory_estimate``; ``runtime.check_memory``)
 """
 
 from __future__ import annotations
@@ -244,3 +246,21 @@ def check_prompts_encode(task, encode) -> None:
     raise InputError(f"the tokenizer cannot encode {len(bad)} character(s) of the prompts: "
                      f"{', '.join(repr(c) for c in bad[:10])}{' ...' if len(bad) > 10 else ''} "
                      f"(first in {where}); remove them from the data or use a model whose tokenizer covers them")
+
+
+def check_memory(cfg, model: str, task, tokenizer) -> None:
+    """The run's estimated peak memory fits in what is available, or an ``InputError`` naming the
+    numbers and the setting to lower; prompts' lengths from the task's first prompts."""
+    from tokenflow.runtime.run.memory_estimate import PROMPT_TOKENS, check_memory as check
+
+    try:
+        prompts = [*task.eval_prompts()[:16], *(task.train_prompt(i) for i in range(16))]
+        longest = max(len(tokenizer.encode(p.text, add_special_tokens=False)) for p in prompts)
+    except Exception:  # noqa: BLE001 - an environment's prompts come from reset: a typical length then
+        longest = PROMPT_TOKENS
+    try:
+        check(cfg, model, prompt_tokens=longest + 32, log=log)  # + a chat template's turn markers
+    except InputError:
+        raise
+    except (OSError, ValueError, KeyError) as e:
+        log.warning("no memory estimate for %s (%s: %s)", model, type(e).__name__, e)

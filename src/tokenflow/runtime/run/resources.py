@@ -21,6 +21,7 @@ import multiprocessing.process as mp_process
 import os
 from pathlib import Path
 
+from tokenflow.metrics.safe_files import open_fd
 from tokenflow.sync.names import RUN_TAG_ENV
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def release_segments(tag: str) -> int:
 def run_resources(run_dir: Path):
     """Hold the run's lock, clear what a killed run left, and name what this one creates after it."""
     lock_path = Path(run_dir) / ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(lock_path, "r+")  # never through a link: it is truncated and written below
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

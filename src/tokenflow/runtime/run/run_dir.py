@@ -1,6 +1,7 @@
 """The run folder and its checkpoints.
 
     runs/<name>/
+      .tokenflow-run       the marker that makes it a run folder (runtime/run/folder_guard.py)
       config.toml          resolved config
       metrics.jsonl        one line per optimizer step (and eval rows)
       prompts.jsonl        the prompt ids each step consumed, and dynamic sampling's dropped ones (exact accounting across resume)
@@ -26,7 +27,10 @@ Nothing in a run folder is code: the orchestrator's and the buffer's state are J
 buffer's rollouts safetensors (`tokenflow.rollout_files`), the trainer's state a tensors-only
 ``torch.save`` read back with ``weights_only=True``. A run folder from elsewhere can be resumed
 without trusting it to run nothing; a file that does not read as what it should be is a
-`CheckpointError` naming the file, and the checkpoint is not used.
+`CheckpointError` naming the file, and the checkpoint is not used. Code its config names runs only
+when the user says so (`tokenflow.runtime.run.folder_code`); a folder is a run folder only with
+its marker, and tokenflow writes in it only without following links
+(`tokenflow.runtime.run.folder_guard`, `tokenflow.metrics.safe_files`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ import shutil
 from pathlib import Path
 
 from tokenflow.errors import CheckpointError
+from tokenflow.metrics.safe_files import open_text, write_atomic
 from tokenflow.metrics.sinks import read_jsonl
+from tokenflow.runtime.run.folder_guard import write_marker
 from tokenflow.runtime.run.inflight_files import read_inflight
 from tokenflow.rollout_files import RolloutFileError, decode, encode
 
@@ -68,10 +74,7 @@ def write_manifest(root: Path) -> None:
         with open(p, "rb") as f:
             os.fsync(f.fileno())
         entries[str(p.relative_to(root))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-    with open(root / MANIFEST, "w", encoding="utf-8") as f:
-        json.dump({"files": entries}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    write_atomic(root / MANIFEST, json.dumps({"files": entries}, indent=1), fsync=True)
 
 
 def verify_checkpoint(root: Path) -> str | None:
@@ -114,8 +117,8 @@ def write_buffer_state(folder: Path, state: dict) -> None:
     order = sorted(ready)
     counters = {k: v for k, v in state.items() if k != "ready"}
     counters["ready"] = [[int(gid), len(ready[gid])] for gid in order]
-    (folder / "buffer.json").write_text(json.dumps(counters, indent=1, allow_nan=False), encoding="utf-8")
-    (folder / "buffer.safetensors").write_bytes(encode([r for gid in order for r in ready[gid]]))
+    write_atomic(folder / "buffer.json", json.dumps(counters, indent=1, allow_nan=False))
+    write_atomic(folder / "buffer.safetensors", encode([r for gid in order for r in ready[gid]]))
 
 
 def _ints(value) -> bool:
@@ -174,6 +177,7 @@ class RunDir:
 
     def create(self) -> "RunDir":
         self.root.mkdir(parents=True, exist_ok=True)
+        write_marker(self.root)
         self.checkpoints.mkdir(exist_ok=True)
         return self
 
@@ -244,10 +248,10 @@ class RunDir:
         given and writes only into ``staging`` and ``checkpoints/``."""
         final = self.checkpoint_dir(step)
         try:
-            (staging / "orchestrator.json").write_text(json.dumps(orchestrator_state, indent=1, allow_nan=False))
+            write_atomic(staging / "orchestrator.json", json.dumps(orchestrator_state, indent=1, allow_nan=False))
             write_buffer_state(staging, buffer_state)
             for name, data in (files or {}).items():
-                (staging / name).write_bytes(data)
+                write_atomic(staging / name, data)
             write_manifest(staging)
             if final.exists():
                 shutil.rmtree(final)
@@ -289,7 +293,7 @@ class RunDir:
 
     def append_rollouts(self, step: int, rollouts) -> None:
         """Record the rollouts a step consumed (``run.save_rollouts``), one JSON object each."""
-        with open(self.rollouts, "a", encoding="utf-8") as f:
+        with open_text(self.rollouts, "a") as f:
             for r in rollouts:
                 f.write(json.dumps({
                     "step": step, "group_id": r.group_id, "prompt_id": r.prompt_id,
@@ -308,6 +312,4 @@ class RunDir:
                 continue
             rows = [r for r in read_jsonl(path) if r.get("step", 0) < step or (
                 r.get("step", 0) == step and not (path == self.metrics and "eval/accuracy" in r and step > 0))]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            os.replace(tmp, path)
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -3,7 +3,9 @@
 A worker's entry point runs inside :func:`worker_main`, which turns any exception into a
 ``WorkerFailed`` message (with the traceback) on the shared result queue before exiting. A
 worker that dies without a word (SIGKILL, a segfault, out of memory) is caught by
-:meth:`WorkerHandle.check`, which the orchestrator calls on every turn of its loop.
+:meth:`WorkerHandle.check`, which the orchestrator calls on every turn of its loop; it also keeps
+the worker's peak resident memory, and says whether the kernel's out-of-memory killer ended it
+(`tokenflow.runtime.workers.memory_watch`).
 
 A worker's log records do not go to its own stderr, where they would tear the parent's live
 progress bar: a ``QueueHandler`` sends them to the parent, where :class:`LogForwarder` hands each
@@ -20,6 +22,7 @@ import threading
 import traceback
 
 from tokenflow.errors import CheckpointError, WorkerDied
+from tokenflow.runtime.workers.memory_watch import OomCounters, RssPeak, describe_death
 from tokenflow.runtime.workers.messages import Envelope, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -124,9 +127,13 @@ class WorkerHandle:
     accepting = True  # the local backend has no joining engines
 
     def __init__(self, name: str, target, args: tuple, ctx=None, cmd_q=None,
-                 logs: LogForwarder | None = None, env: dict | None = None) -> None:
+                 logs: LogForwarder | None = None, env: dict | None = None,
+                 oom: OomCounters | None = None, cfg=None) -> None:
         self._ctx = ctx or mp.get_context("spawn")
         self.name = name
+        # Its peak resident memory (sampled by check), and what a death by SIGKILL is told by:
+        # the kernel's out-of-memory counters, and the run's config (the settings that bound it).
+        self.rss, self.oom, self.cfg = RssPeak(), oom, cfg
         self.cmd_q = cmd_q if cmd_q is not None else self._ctx.Queue()
         self._target, self._logs, self._env = target, logs, env
         self.retired: list = []  # queues of the processes this handle replaced (see renew)
@@ -155,9 +162,12 @@ class WorkerHandle:
     def check(self) -> None:
         """Raise ``WorkerDied`` if the process has exited unexpectedly."""
         code = self.process.exitcode
-        if code is not None and code != 0:
-            raise WorkerDied(f"the {self.name} process (pid {self.process.pid}) died with exit code {code}",
-                             worker=self.name)
+        if code is None:
+            self.rss.sample(self.process.pid)
+        elif code != 0:
+            message, cause = describe_death(self.name, self.process.pid, code, self.rss.process_peak, self.oom,
+                                            self.cfg)
+            raise WorkerDied(message, worker=self.name, cause=cause, peak_rss_gb=RssPeak.gb(self.rss.process_peak))
 
     def renew(self, args: tuple, cmd_q) -> "WorkerHandle":
         """The same worker in a new process (not started), reading ``cmd_q``: the process it
@@ -174,10 +184,12 @@ class WorkerHandle:
             old.close()
             self.retired.append(old)
         self.process = self._process(args)
+        self.rss.new_process()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process.is_alive():
+            self.rss.sample(self.process.pid, force=True)
             self.process.join(timeout)
         if self.process.is_alive():
             log.warning("%s did not stop within %gs; killing it", self.name, timeout)

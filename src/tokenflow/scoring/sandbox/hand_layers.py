@@ -1,12 +1,14 @@
-"""The launcher's own layers, for machines without bubblewrap (or with namespaces off): network
-and pid namespaces, every mount read-only, a read-only private /proc, then the program with no
-capabilities, no_new_privs and the seccomp filter. There is no private root on this path: the
+"""The launcher's own layers, for machines without bubblewrap (or with namespaces off): network,
+pid and IPC namespaces, a minimal /dev (null, zero, full, random, urandom, a private pts), every
+mount read-only, a read-only private /proc, then the program with no capabilities, no_new_privs
+and the seccomp filter. There is no private root on this path: the
 host's file tree stays visible (read-only), which the probe reports as ``private_root`` missing.
 
 Standard library only (imported by path by the launcher)::
 
     launcher (already in its mount [+ user] namespace, work dir on a quota'd tmpfs)
-      ├─ unshare(net, pid)                           -- best effort; what worked is reported
+      ├─ unshare(net, pid, ipc)                      -- best effort; what worked is reported
+      ├─ a tmpfs /dev with null, zero, full, random, urandom and a private devpts
       ├─ remount every mount read-only except the work dir
       └─ fork → reaper (pid 1 of the new pid namespace; mounts /proc; dies with the launcher)
                  └─ fork → program: rlimits → drop capabilities → no_new_privs → seccomp → execve
@@ -29,7 +31,10 @@ def status(fd: int, **event) -> None:
 
 
 def _read_only_except(workdir: str, notes: list[str]) -> bool:
-    refused = [p for p in kernel.mount_points() if p != workdir and not kernel.remount_read_only(p)]
+    # the private devpts stays writable: ptys are made in it (it is this run's own instance)
+    # (the host's mounts under /dev lie hidden below the minimal /dev)
+    refused = [p for p in kernel.mount_points()
+               if p != workdir and not p.startswith("/dev/") and not kernel.remount_read_only(p)]
     if "/" in refused:
         notes.append("the root mount refused a read-only remount")
         return False
@@ -97,11 +102,17 @@ def run(cfg: dict, status_fd: int, filter_bytes: bytes | None, layers: list[str]
     in_pid_ns = False
     if cfg["namespaces"]:
         try:
-            kernel.unshare(kernel.CLONE_NEWNET | kernel.CLONE_NEWPID, "net, pid")
-            layers += ["network_namespace", "pid_namespace"]
+            kernel.unshare(kernel.CLONE_NEWNET | kernel.CLONE_NEWPID | kernel.CLONE_NEWIPC, "net, pid, ipc")
+            layers += ["network_namespace", "pid_namespace", "ipc_namespace"]
             in_pid_ns = True
         except OSError as e:
             notes.append(str(e))
+        if own_mounts:
+            try:
+                kernel.minimal_dev()
+                layers.append("minimal_dev")
+            except OSError as e:
+                notes.append(str(e))
         if own_mounts and _read_only_except(cfg["workdir"], notes):
             layers.append("read_only_fs")
     status(status_fd, layers=layers, notes=notes)

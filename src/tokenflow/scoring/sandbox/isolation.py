@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 # Every one of these must hold for a hostile program to be contained; a missing one is named,
 # with how to get it, in the warning ``Sandbox()`` logs.
-CONTAINMENT = ("network_namespace", "pid_namespace", "private_proc", "read_only_fs", "private_root",
-               "unprivileged_uid", "no_capabilities", "no_new_privs", "seccomp", "workdir_quota")
+CONTAINMENT = ("network_namespace", "pid_namespace", "ipc_namespace", "private_proc", "read_only_fs",
+               "minimal_dev", "private_root", "unprivileged_uid", "no_capabilities", "no_new_privs",
+               "seccomp", "workdir_quota")
 _NAMESPACES_HINT = ("the kernel refused namespaces: run as root, or allow unprivileged user namespaces "
                     "(sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000; "
                     "Ubuntu 24.04+: kernel.apparmor_restrict_unprivileged_userns=0)")
@@ -31,8 +32,12 @@ HINTS = {
     "cgroup_pids": ("run as root with the pids controller mounted, or delegate a cgroup "
                     "(systemd-run --user --scope -p Delegate=yes ...); until then RLIMIT_NPROC "
                     "and the pid namespace cap processes"),
-    **{layer: _NAMESPACES_HINT for layer in ("network_namespace", "pid_namespace", "private_proc",
-                                             "read_only_fs", "workdir_quota")},
+    "cgroup_memory": ("run as root with the memory controller mounted, or delegate a cgroup "
+                      "(systemd-run --user --scope -p Delegate=yes ...); until then only RLIMIT_AS "
+                      "bounds memory, per process"),
+    **{layer: _NAMESPACES_HINT for layer in ("network_namespace", "pid_namespace", "ipc_namespace",
+                                             "private_proc", "minimal_dev", "read_only_fs",
+                                             "workdir_quota")},
     **{layer: f"{bubblewrap.INSTALL_HINT}, or allow user namespaces"
        for layer in ("unprivileged_uid", "no_capabilities", "no_new_privs")},
 }
@@ -57,7 +62,8 @@ class Isolation:
 
     @property
     def missing(self) -> tuple[str, ...]:
-        return tuple(layer for layer in CONTAINMENT + ("cgroup_pids",) if layer not in self.layers)
+        return tuple(layer for layer in CONTAINMENT + ("cgroup_pids", "cgroup_memory")
+                     if layer not in self.layers)
 
     def report(self) -> str:
         """The missing layers, grouped by how to get them."""
@@ -77,8 +83,16 @@ print(json.dumps({"cap": [int(status[k], 16) for k in ("CapEff", "CapPrm", "CapB
     "no_new_privs": status.get("NoNewPrivs", "0").strip(), "seccomp": status.get("Seccomp", "0").strip(),
     "uid": os.getuid(), "pids": sum(p.isdigit() for p in os.listdir("/proc")),
     "interfaces": [n for _, n in socket.if_nameindex()], "host_tree": os.path.isdir("/etc") or os.path.isdir("/var"),
-    "root_writable": writable("/") or writable("/usr"), "inodes": st.f_files}))
+    "root_writable": writable("/") or writable("/usr"), "inodes": st.f_files,
+    "ipc_ns": os.readlink("/proc/self/ns/ipc"),
+    "devices": sorted(n for n in os.listdir("/dev") if not os.path.islink("/dev/" + n)
+                      and not os.path.isdir("/dev/" + n))}))
 """
+
+
+# bubblewrap's --dev also binds the host's /dev/tty (which opens only a controlling terminal,
+# and a run has none: it is in a session of its own).
+_DEV_ALLOWED = {"null", "zero", "full", "random", "urandom", "tty"}
 
 
 def _observed(claimed: list[str], seen: dict, limits) -> tuple[list[str], list[str]]:
@@ -93,6 +107,8 @@ def _observed(claimed: list[str], seen: dict, limits) -> tuple[list[str], list[s
         "private_root": not seen["host_tree"],
         "read_only_fs": not seen["root_writable"],
         "workdir_quota": 0 < seen["inodes"] <= limits.workdir_files,
+        "ipc_namespace": seen["ipc_ns"] != os.readlink("/proc/self/ns/ipc"),
+        "minimal_dev": set(seen["devices"]) <= _DEV_ALLOWED,
     }
     layers = [layer for layer in claimed if checks.get(layer, True)]
     notes = [f"{layer} was set up but the program did not observe it ({json.dumps(seen)})"

@@ -9,6 +9,7 @@ import os
 import resource
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
@@ -74,6 +75,36 @@ def mount_proc() -> None:
     """This pid namespace's /proc, read-only (no /proc/sys writes even for uid 0)."""
     check(libc.mount(b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
           "mount /proc")
+
+
+# The device nodes a program gets (what bubblewrap's --dev gives, less the host's /dev/tty):
+# a read-only /dev otherwise still opens every node of the host (KVM, userfaultfd, loop control,
+# consoles, disks), since a mount's read-only flag guards inodes, not devices.
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+
+def minimal_dev() -> None:
+    """A tmpfs over /dev holding only :data:`DEV_NODES` (bound from the host's), a private devpts
+    instance (/dev/pts, /dev/ptmx), /dev/shm and the fd links. In the launcher's mount
+    namespace; remounted read-only with everything else."""
+    nodes = {name: os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC) for name in DEV_NODES}
+    try:
+        check(libc.mount(b"tokenflow-dev", b"/dev", b"tmpfs", MS_NOSUID | MS_NOEXEC,
+                         b"size=64k,nr_inodes=64,mode=0755"), "mount a tmpfs on /dev")
+        for name, fd in nodes.items():
+            os.close(os.open(f"/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+            check(libc.mount(f"/proc/self/fd/{fd}".encode(), f"/dev/{name}".encode(), None, MS_BIND, None),
+                  f"bind /dev/{name}")
+    finally:
+        for fd in nodes.values():
+            os.close(fd)
+    for d in ("pts", "shm"):
+        os.mkdir(f"/dev/{d}", 0o755)
+    check(libc.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC,
+                     b"newinstance,ptmxmode=0666,mode=0620"), "mount a private devpts")
+    for link, target in (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{link}")
 
 
 def mount_points() -> list[str]:

@@ -37,14 +37,19 @@ def _read_config(fd: int) -> dict:
 
 
 def _join_cgroup(cfg: dict, layers: list[str], notes: list[str]) -> None:
-    if not cfg.get("cgroup"):
-        return
-    try:
-        with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w", encoding="ascii") as f:
-            f.write(str(os.getpid()))
-        layers.append("cgroup_pids")
-    except OSError as e:
-        notes.append(f"cgroup: {e}")
+    """Into the run's cgroup(s): one directory per controller on v1, one for both on v2."""
+    joined = {}
+    for layer, path in sorted(cfg.get("cgroups", {}).items()):
+        if path not in joined:
+            try:
+                with open(os.path.join(path, "cgroup.procs"), "w", encoding="ascii") as f:
+                    f.write(str(os.getpid()))
+                joined[path] = True
+            except OSError as e:
+                joined[path] = False
+                notes.append(f"cgroup {path}: {e}")
+        if joined[path]:
+            layers.append(layer)
 
 
 def _private_workdir(cfg: dict, bwrap: bool, layers: list[str], notes: list[str]) -> bool:
@@ -106,8 +111,8 @@ def _run_bwrap(cfg: dict, filter_bytes: bytes | None, status_fd: int, layers: li
         argv[1:1] = ["--seccomp", str(seccomp_fd)]
         layers.append("seccomp")
     # What bwrap sets up or fails on (it then exits 1, saying "bwrap: ..." on stderr):
-    layers += ["network_namespace", "pid_namespace", "private_proc", "private_root", "read_only_fs",
-               "no_capabilities", "no_new_privs"]
+    layers += ["network_namespace", "pid_namespace", "ipc_namespace", "private_proc", "private_root",
+               "minimal_dev", "read_only_fs", "no_capabilities", "no_new_privs"]
     if os.getuid() == 0:
         layers.append("user_namespace")  # bwrap's own; non-root runs already listed ours
     if cfg.get("run_uid") is not None or cfg["caller_uid"] != 0:

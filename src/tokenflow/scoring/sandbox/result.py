@@ -21,6 +21,10 @@ class SandboxLimits:
     """RLIMIT_CPU per process (SIGXCPU, then SIGKILL)."""
     memory_mb: int = 1024
     """RLIMIT_AS: address space per process; allocations beyond it fail (MemoryError)."""
+    total_memory_mb: int = 2048
+    """All processes of the run together, memfds and the work dir's files included: the memory
+    limit of its cgroup (the kernel kills a process of the run past it; reason
+    ``memory_limit``). Capped at a quarter of the machine's MemAvailable when the run starts."""
     file_mb: int = 16
     """RLIMIT_FSIZE: largest file a process may write (EFBIG)."""
     open_files: int = 64

@@ -25,7 +25,7 @@ import time
 from pathlib import PurePosixPath
 
 from tokenflow.scoring.sandbox import bwrap as bubblewrap
-from tokenflow.scoring.sandbox.cgroup import PidsCgroup
+from tokenflow.scoring.sandbox.cgroup import RunCgroup, available_mb
 from tokenflow.scoring.sandbox.result import SandboxLimits, SandboxResult, verdict
 
 __all__ = ["MODES", "SandboxLimits", "SandboxResult", "run_in_mode", "run_program", "scrubbed_env"]
@@ -74,14 +74,20 @@ def run_in_mode(code: str, mode: str, *, stdin: str = "", files: dict[str, str] 
             sources[prefix] = os.path.join(base, f"python{i}")
             os.mkdir(sources[prefix], 0o755)
             binds.append([prefix, sources[prefix]])
-    pids = PidsCgroup.create(limits.processes, os.path.basename(base)) if cgroup else None
-    tool = bubblewrap.find() if mode != "hand" and namespaces else None
+    tool = exe = bubblewrap.find() if mode != "hand" and namespaces else None
+    if tool and run_uid is not None and (moved := bubblewrap.for_other_uid(tool)):
+        # the wheel's bwrap in a virtualenv under /root: bound where the run uid can exec it
+        os.mkdir(target := os.path.join(base, "bwrap"), 0o755)
+        binds.append([moved[0], target])
+        exe = os.path.join(target, moved[1])
+    group = (RunCgroup.create(limits.processes, total_memory_mb(limits) << 20, os.path.basename(base))
+             if cgroup else None)
     cfg = {
         "workdir": workdir, "files": files, "namespaces": namespaces, "caller_uid": os.getuid(),
-        "cgroup": pids.path if pids else None, "run_uid": run_uid, "binds": binds,
+        "cgroups": group.paths if group else {}, "run_uid": run_uid, "binds": binds,
         "workdir_mb": limits.workdir_mb, "workdir_files": limits.workdir_files,
         "argv": [bubblewrap.interpreter(), "-I", "-B", "main.py"], "env": scrubbed_env(workdir),
-        "bwrap_argv": bubblewrap.argv(tool, workdir, sources) if tool else None,
+        "bwrap_argv": bubblewrap.argv(exe, workdir, sources) if tool else None,
         "bwrap_env": scrubbed_env(bubblewrap.WORK),
         "limits": {"cpu_s": limits.cpu_s, "address_space_bytes": limits.memory_mb << 20,
                    "file_size_bytes": limits.file_mb << 20, "open_files": limits.open_files,
@@ -89,13 +95,26 @@ def run_in_mode(code: str, mode: str, *, stdin: str = "", files: dict[str, str] 
     }
     try:
         result = _supervise(cfg, stdin.encode(), limits)
+        oom = group.oom_kills() if group else 0
+        if oom:
+            result.notes += (f"the run's memory limit ({total_memory_mb(limits)} MB) killed {oom} process(es)",)
+            if not result.ok:
+                result.reason = "memory_limit"
     finally:
-        if pids:
-            pids.kill_all()
-            pids.remove()
+        if group:
+            group.kill_all()
+            group.remove()
         shutil.rmtree(base, ignore_errors=True)
     result.workdir = base
     return result
+
+
+def total_memory_mb(limits: SandboxLimits) -> int:
+    """The run's memory limit: ``limits.total_memory_mb``, at most a quarter of what the machine
+    has available now (scorers run several sandboxes at once), and at least 64 MB."""
+    available = available_mb()
+    share = available // 4 if available else limits.total_memory_mb
+    return max(64, min(limits.total_memory_mb, share))
 
 
 def _config_fd(cfg: dict) -> int:

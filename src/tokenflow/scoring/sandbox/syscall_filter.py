@@ -6,8 +6,9 @@ isolation is in place.
 
 The filter refuses (EPERM) the system calls that could undo the sandbox or reach outside it —
 mounts, namespace changes, tracing other processes, kernel keyrings, BPF, module and kexec
-loading, file handles, io_uring (whose operations seccomp cannot see) — and ``clone`` with any
-namespace flag. ``clone3`` gets ENOSYS, not EPERM: its flags live in memory a filter cannot
+loading, file handles, io_uring (whose operations seccomp cannot see), inotify, file leases —
+and ``clone`` with any namespace flag; sockets only in AF_UNIX, AF_INET, AF_INET6 and
+NETLINK_ROUTE (others: EAFNOSUPPORT). ``clone3`` gets ENOSYS, not EPERM: its flags live in memory a filter cannot
 read, and ENOSYS makes glibc fall back to ``clone``, which the filter can check. A system call
 from another ABI (i386 via ``int 0x80``, x32) could dodge the numbers below, so a wrong audit
 arch kills the process and x32 numbers are refused. Only x86_64 has a table; elsewhere
@@ -40,7 +41,19 @@ DENIED_X86_64 = {
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443,
 }
+# inotify instances count against the owner uid of the run's user namespace (the caller's, unless
+# the run has a uid of its own), and no scored program needs to watch files: refused outright.
+DENIED_X86_64.update(inotify_init=253, inotify_init1=294)
 CLONE, CLONE3 = 56, 435
+SOCKET, SOCKETPAIR, FCNTL = 41, 53, 72
+# Address families a program may open sockets in: unix sockets, and IP in the run's empty network
+# namespace. The rest (vsock, which no network namespace confines, AF_ALG, packet, TIPC, RDS,
+# XDP, Bluetooth, PF_KEY ...) get EAFNOSUPPORT; netlink only as NETLINK_ROUTE (what
+# if_nameindex and getaddrinfo's AI_ADDRCONFIG read), not uevents or audit.
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, NETLINK_ROUTE = 1, 2, 10, 16, 0
+# fcntl(F_SETLEASE): a lease on a file the program's uid owns outside (the interpreter's, when
+# that uid is root) stalls every host process that opens it for writing.
+F_SETLEASE = 1024
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (NEWTIME is clone3-only)
 CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -48,7 +61,7 @@ CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10
 LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 # offsets in struct seccomp_data: nr, arch, instruction_pointer, args[6] (low word first)
-OFF_NR, OFF_ARCH, OFF_ARG0 = 0, 4, 16
+OFF_NR, OFF_ARCH, OFF_ARG0, OFF_ARG1, OFF_ARG2 = 0, 4, 16, 24, 32
 
 
 class UnsupportedArch(RuntimeError):
@@ -87,6 +100,9 @@ def build(machine: str | None = None) -> bytes:
         (JGE_K, X32_SYSCALL_BIT, "deny", None),
         (JEQ_K, CLONE3, "enosys", None),
         (JEQ_K, CLONE, "clone", None),
+        (JEQ_K, SOCKET, "socket", None),
+        (JEQ_K, SOCKETPAIR, "socketpair", None),
+        (JEQ_K, FCNTL, "fcntl", None),
     ]
     prog += [(JEQ_K, nr, "deny", None) for nr in sorted(DENIED_X86_64.values())]
     prog += [
@@ -95,6 +111,24 @@ def build(machine: str | None = None) -> bytes:
         (LD_W_ABS, OFF_ARG0, None, None),
         (JSET_K, CLONE_NAMESPACE_FLAGS, "deny", None),
         (RET_K, RET_ALLOW, None, None),
+        ("label", "socket"),  # the int arguments: their low words are what the kernel reads
+        (LD_W_ABS, OFF_ARG0, None, None),
+        (JEQ_K, AF_UNIX, "allow", None),
+        (JEQ_K, AF_INET, "allow", None),
+        (JEQ_K, AF_INET6, "allow", None),
+        (JEQ_K, AF_NETLINK, None, "no_family"),
+        (LD_W_ABS, OFF_ARG2, None, None),
+        (JEQ_K, NETLINK_ROUTE, "allow", "no_family"),
+        ("label", "socketpair"),
+        (LD_W_ABS, OFF_ARG0, None, None),
+        (JEQ_K, AF_UNIX, "allow", "no_family"),
+        ("label", "fcntl"),
+        (LD_W_ABS, OFF_ARG1, None, None),
+        (JEQ_K, F_SETLEASE, "deny", "allow"),
+        ("label", "allow"),
+        (RET_K, RET_ALLOW, None, None),
+        ("label", "no_family"),
+        (RET_K, RET_ERRNO | errno.EAFNOSUPPORT, None, None),
         ("label", "deny"),
         (RET_K, RET_ERRNO | errno.EPERM, None, None),
         ("label", "enosys"),

@@ -16,6 +16,7 @@ from tokenflow.runtime.backends.local import start as worker_start
 from tokenflow.runtime.workers.engine_worker import run_engine_worker
 from tokenflow.runtime.workers.messages import SetThreads, Shutdown
 from tokenflow.runtime.workers.trainer_worker import run_trainer_worker
+from tokenflow.runtime.workers.memory_watch import OomCounters
 from tokenflow.runtime.workers.os_environ import environment as worker_environment
 from tokenflow.runtime.workers.process import LogForwarder, WorkerHandle
 
@@ -43,13 +44,14 @@ class LocalBackend(Backend):
         self._out: dict[str, object] = {}
         self._retired: list = []
         self.logs = LogForwarder(ctx)
+        oom = OomCounters()  # the kernel's out-of-memory counters now: a SIGKILL later is told by them
         self._engine_args = (engine_model_path, cfg.engine.model_copy(update={"version": engine_version}))
         self.engines = []
         for i in range(num_engines):
             name = "engine" if num_engines == 1 else f"engine{i}"
             q = ctx.Queue()
             h = WorkerHandle(name, run_engine_worker, self._engine_argv(name, q, attach_first=False), ctx, cmd_q=q,
-                             logs=self.logs, env=env)
+                             logs=self.logs, env=env, oom=oom, cfg=cfg)
             self.engines.append(h)
         trainer_q = ctx.Queue()
         # Where the trainer started (the base model, or the checkpoint resumed from), for a
@@ -61,7 +63,7 @@ class LocalBackend(Backend):
             name = "trainer" if rank == 0 else f"trainer{rank}"
             self.trainer_ranks.append(WorkerHandle(
                 name, run_trainer_worker, self._trainer_argv(rank, trainer_model_path, resume_dir, rdv, trainer_q),
-                ctx, cmd_q=trainer_q if rank == 0 else None, logs=self.logs, env=env))
+                ctx, cmd_q=trainer_q if rank == 0 else None, logs=self.logs, env=env, oom=oom, cfg=cfg))
         self.trainer = self.trainer_ranks[0]
 
     def _result_queue(self, name: str):
