@@ -15,6 +15,7 @@ import time
 from attack_syscalls import escaped, libc, note
 
 AF_NETLINK, AF_VSOCK, VMADDR_CID_ANY = 16, 40, 0xFFFFFFFF
+libc.mmap.restype = ctypes.c_void_p
 
 
 def vsock(P):
@@ -191,11 +192,17 @@ def memory_memfd(P):
                 except OSError:
                     break
                 report(len(chunk))
-            # mapped and touched, so that the pages count in this child's RSS: an out-of-memory
-            # kill then picks a child, not the process that reports
-            m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-            sum(m[i] for i in range(0, len(m), 4096))
-            maps.append(m)
+            # mapped and touched, so that the pages count in this child's RSS (an out-of-memory
+            # kill then picks a child, not the process that reports); the mapping keeps the
+            # memfd, so its descriptor is closed (RLIMIT_NOFILE)
+            size = os.fstat(fd).st_size
+            addr = libc.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ, mmap.MAP_SHARED, fd, ctypes.c_long(0))
+            os.close(fd)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                break
+            for off in range(0, size, 4096):
+                ctypes.string_at(addr + off, 1)
+            maps.append(addr)
 
     total, _ = _hold_in_children(P, 4, work)
     print("memfds held", total >> 20, "MB")

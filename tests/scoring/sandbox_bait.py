@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from tokenflow.scoring.sandbox import SandboxLimits, run_program
+from tokenflow.scoring.sandbox import SandboxLimits, bwrap, run_program
 from tokenflow.scoring.sandbox.runner import run_in_mode
 
 SECRET_ENV = "TF_ATTACK_SECRET"
@@ -55,7 +55,8 @@ def run_attack(name: str, params: dict, limits_kw: dict, host_marker: str, mode:
             result = run_program(source, files=files, limits=limits(**limits_kw))
     finally:
         host = watch.stop() if watch else []
-    return dict(dataclasses.asdict(result), host_breaches=host)
+    # whether this caller (which may be another Python than the suite's) has bubblewrap at all
+    return dict(dataclasses.asdict(result), host_breaches=host, bwrap_found=bwrap.find() is not None)
 
 
 class _CallerInotify:

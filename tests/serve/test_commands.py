@@ -127,7 +127,7 @@ def test_bench_serve_abuse_prints_one_json_object():
     speed (no 5xx, every oversized body refused, nothing left in flight, a clean stop, the peak
     memory within its bound); the /health latency goal is the full benchmark's."""
     proc = _tokenflow("bench", "serve", "--abuse", "--clients", "20", "--oversized", "4", "--disconnects", "4",
-                      "--duration", "3", "--json")
+                      "--slow-headers", "10", "--slow-bodies", "10", "--duration", "3", "--json")
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode in (0, 1), out
     result = json.loads(out.strip().splitlines()[-1])
@@ -137,6 +137,9 @@ def test_bench_serve_abuse_prints_one_json_object():
     assert result["five_xx"] == 0 and oversized == 4 and result["events"].get("oversized_declared_413") == 2
     assert result["health_probes"] > 0 and result["health_p99_ms"] is not None
     assert result["rss_base_mib"] <= result["rss_peak_mib"] <= result["rss_bound_mib"]
+    # the slow clients (3 s: within the server's deadlines) held no request of the clients back
+    slow = sum(n for k, n in result["events"].items() if k.startswith(("slow_head_", "slow_body_")))
+    assert slow >= 20 and result["legit_failed"] == 0 and result["legit_served"] > 0, result
 
 
 def test_serve_names_a_model_that_is_not_there(tmp_path):

@@ -11,7 +11,8 @@ Printed: requests/s, completion tokens/s (from each response's usage), latency p
 first token p50/p99, and the error count (non-200 answers, broken streams, timeouts).
 
 ``--abuse`` runs the server under abuse instead (`tokenflow.bench.serve_abuse`): 500 clients,
-oversized bodies and mid-request disconnects at once, reporting ``/health`` latency, the
+oversized bodies, mid-request disconnects and a thousand slow clients (heads and bodies a byte a
+second) at once, reporting ``/health`` latency, what became of the clients' requests, the
 server's peak memory against the bound its limits give, and the 5xx count.
 """
 
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
     abuse.add_argument("--oversized", type=int, default=50, help="bodies over the server's limit")
     abuse.add_argument("--disconnects", type=int, default=50, help="clients that go away mid-request")
     abuse.add_argument("--disconnect-tokens", type=int, default=240, help="max_tokens of a call that is left")
+    abuse.add_argument("--slow-headers", type=int, default=500, help="connections sending their head a byte at a time")
+    abuse.add_argument("--slow-bodies", type=int, default=500, help="requests sending their body a byte at a time")
+    abuse.add_argument("--drip-s", type=float, default=1.0, help="seconds between a slow client's bytes")
     p.set_defaults(func=run)
 
 

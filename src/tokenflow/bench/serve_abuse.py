@@ -9,12 +9,17 @@ For ``--duration`` seconds, all at once:
   (``Content-Length``, twice the limit, then send it), half are chunked and never end;
 * ``--disconnects`` (50) long calls whose client goes away mid-request (half whole calls,
   closed after 20-200 ms, half streams, closed after their first event);
+* ``--slow-headers`` (500) connections that send a request head a byte every ``--drip-s`` (1 s),
+  opened again whenever the server closes one (its header deadline), and ``--slow-bodies`` (500)
+  that send a whole head and then their body a byte every ``--drip-s``;
 
 while a separate process asks ``/health`` every 20 ms, from before the abuse starts until it has
 settled. The clients use raw asyncio streams (one small HTTP/1.1 client each), and the process
 raises its soft ``RLIMIT_NOFILE`` to what they need.
 
-Reported: ``/health`` latency p50/p99/max (goal: p99 < 100 ms), the server's peak RSS (the
+Reported: ``/health`` latency p50/p99/max (goal: p99 < 100 ms), what became of the clients'
+requests (``legit``: every one answered, 200 or 429, none failed; goal), the slow clients'
+408s, the server's peak RSS (the
 kernel's high-water mark, VmHWM) against the bound its limits give (`memory_bound`; goal:
 within it), the 5xx count (goal: 0), every status seen, what is still in flight once it settled
 (goal: nothing), the time to stop the server and the tracebacks in its log (goal: none).
@@ -44,6 +49,8 @@ class _Abuse:
     def __init__(self, args, host: str, port: int, body_limit: int) -> None:
         self.args, self.host, self.port, self.body_limit = args, host, port, body_limit
         self.statuses: Counter = Counter()
+        self.legit: Counter = Counter()
+        """What became of the clients' requests: 200, 429, or how they failed."""
         self.events: Counter = Counter()
         self.latencies: list[float] = []
         self.rng = random.Random(args.seed)
@@ -59,6 +66,8 @@ class _Abuse:
         tasks = [self.client(k) for k in range(self.args.clients)]
         tasks += [self.oversized(k) for k in range(self.args.oversized)]
         tasks += [self.disconnect(k) for k in range(self.args.disconnects)]
+        tasks += [self.slow(k, body=False) for k in range(self.args.slow_headers)]
+        tasks += [self.slow(k, body=True) for k in range(self.args.slow_bodies)]
         await asyncio.gather(*tasks)
         return loop.time() - start
 
@@ -83,14 +92,17 @@ class _Abuse:
                                                                REQUEST_TIMEOUT_S)
             except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
                 self.events[f"client_error:{type(e).__name__}"] += 1
+                self.legit[f"failed:{type(e).__name__}"] += 1
                 if conn is not None:
                     conn.close()
                 conn = None
                 continue
             self._count(status)
+            self.legit[str(status) if status in (200, 429) else f"failed:{status}"] += 1
             if status == 200:
                 if stream and (not data.rstrip().endswith(b"data: [DONE]") or b'"error"' in data):
                     self.events["stream_error"] += 1
+                    self.legit["failed:stream_error"] += 1
                 else:
                     self.latencies.append(time.perf_counter() - t)
             elif status == 429:
@@ -191,6 +203,47 @@ class _Abuse:
         self.events["disconnect_refused_429_only"] += 1  # every try found the request slots taken
 
 
+    async def slow(self, k: int, *, body: bool) -> None:
+        """A slow client: a request head (or, ``body``, a whole head and then its body) sent a
+        byte every ``--drip-s``, until the server answers and closes the connection (its header or
+        body deadline: a 408) — then again on a new connection — or the abuse ends."""
+        kind = "slow_body" if body else "slow_head"
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.rng.uniform(0.0, 1.0))
+        head = request_head("/v1/completions", {"Content-Length": "4096"})
+        first, drip = (head, b" " * 4096) if body else (b"", head)
+        while loop.time() < self.deadline:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError as e:
+                self.events[f"{kind}_error:{type(e).__name__}"] += 1
+                return
+            answer = asyncio.ensure_future(reader.read(65536))
+            try:
+                writer.write(first)
+                for i in range(len(drip)):
+                    if loop.time() >= self.deadline:
+                        self.events[f"{kind}_open_at_end"] += 1
+                        return
+                    writer.write(drip[i:i + 1])
+                    await asyncio.wait([answer], timeout=self.args.drip_s)
+                    if answer.done():
+                        break
+                else:
+                    self.events[f"{kind}_sent_whole"] += 1  # no deadline stopped it
+                    return
+                data = answer.result()
+                status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else None
+                if status is not None:
+                    self._count(status)
+                self.events[f"{kind}_{status or 'closed'}"] += 1
+            except (OSError, ConnectionError, ValueError, IndexError) as e:
+                self.events[f"{kind}_error:{type(e).__name__}"] += 1
+            finally:
+                answer.cancel()
+                writer.close()
+
+
 def _get_json(url: str) -> dict:
     import httpx
 
@@ -205,10 +258,11 @@ def run(args) -> int:
 
     clients = 500 if args.clients is None else args.clients
     args.clients = clients
-    if min(clients, args.per_client, args.duration) <= 0 or min(args.oversized, args.disconnects) < 0:
+    if min(clients, args.per_client, args.duration) <= 0 or min(args.oversized, args.disconnects, args.slow_headers, args.slow_bodies) < 0:
         print("error: --clients, --per-client and --duration must be > 0", file=sys.stderr)
         return 2
-    nofile = raise_nofile(clients + args.oversized + args.disconnects + 256)
+    slow = args.slow_headers + args.slow_bodies
+    nofile = raise_nofile(clients + args.oversized + args.disconnects + slow + 256)
     host, port = "127.0.0.1", free_port()
     url = f"http://{host}:{port}"
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenflow-bench-abuse-{os.getpid()}.log"
@@ -273,23 +327,27 @@ def run(args) -> int:
         log.seek(0)
         server_log = log.read()
         hf_config = json.loads((Path(resolve_model_path(args.model)) / "config.json").read_text())
-        connections = clients + args.oversized + args.disconnects + 1
+        connections = clients + args.oversized + args.disconnects + slow + 1
         engine = EngineConfig()  # the server's engine settings: the defaults (on the CPU: float32)
         bound = memory_bound(config, base_bytes=base, connections=connections, max_model_len=max_model_len,
                              max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
                              hf_config=hf_config, dtype_bytes=4)
         lat = probe["latencies"]
         five_xx = sum(n for s, n in abuse.statuses.items() if s.startswith("5"))
+        legit_failed = sum(n for s, n in abuse.legit.items() if s.startswith("failed"))
         result = {
             "mode": "abuse", "model": args.model, "duration_s": args.duration, "abuse_s": round(abuse_s, 2),
             "clients": clients, "per_client": args.per_client, "oversized": args.oversized,
-            "disconnects": args.disconnects, "max_tokens": args.max_tokens,
+            "disconnects": args.disconnects, "slow_headers": args.slow_headers, "slow_bodies": args.slow_bodies,
+            "drip_s": args.drip_s, "max_tokens": args.max_tokens,
             "limits": {"max_body_bytes": body_limit, "max_body_bytes_in_flight": config.body_bytes_in_flight(max_model_len),
                        "max_requests": config.max_requests,
                        "max_tokens_in_flight": config.tokens_in_flight(EngineConfig().max_num_seqs, max_model_len),
                        "prompt_chars": config.prompt_chars(max_model_len), "max_choices": config.max_choices},
             "requests": sum(abuse.statuses.values()), "statuses": dict(sorted(abuse.statuses.items())),
             "events": dict(sorted(abuse.events.items())),
+            "legit": dict(sorted(abuse.legit.items())), "legit_requests": sum(abuse.legit.values()),
+            "legit_served": abuse.legit["200"], "legit_failed": legit_failed,
             "ok_latency_p50_s": pct(abuse.latencies, 50), "ok_latency_p99_s": pct(abuse.latencies, 99),
             "five_xx": five_xx,
             "health_probes": len(lat), "health_failures": probe["failures"],
@@ -308,6 +366,7 @@ def run(args) -> int:
             "health_p99_under_100ms": result["health_p99_ms"] is not None and result["health_p99_ms"] < 100,
             "rss_within_bound": bound["total"] is None or peak <= bound["total"],
             "no_5xx": five_xx == 0 and probe["failures"] == 0,
+            "legit_all_answered": legit_failed == 0 and abuse.legit["200"] > 0,
             "nothing_left_in_flight": settled is not None,
             "clean_stop": result["log_tracebacks"] == 0 and shutdown_s < config.shutdown_timeout_s + 5,
         }

@@ -1,11 +1,14 @@
 """`ServeConfig`: the limits that keep `tokenflow serve` answering under abuse (docs/serve.md,
 "Limits"). ``tokenflow serve ... --serve.KEY VALUE`` sets any of them.
 
-What each bounds, in the order a request meets them: the requests in flight (before the body is
-read), its body (bytes, before it is parsed) and the body bytes held over all requests, its prompts (characters, before they are
-tokenized; prompts x n), the tokens in flight (prompt tokens + max_tokens x n, once the prompt is
-tokenized), and, for training sessions, their number, calls and idle time. A refusal is an error
-in OpenAI's shape: 413 for a body, 429 with ``Retry-After`` for admission, 400 for the rest.
+What each bounds, in the order a request meets them: the connections open, the time its head and
+its body take to arrive, its body (bytes, before it is parsed) and the body bytes held over all
+requests, the requests in flight (once the body is read), its JSON's depth, its prompts
+(characters, before they are tokenized; prompts x n), the time its chat template takes to
+render, the tokens in flight (prompt tokens + max_tokens x n, once the prompt is tokenized), and,
+for training sessions, their number, calls and idle time. A refusal is an error in OpenAI's
+shape: 503 past the connection cap, 408 for a slow head or body, 413 for a body, 429 with
+``Retry-After`` for admission, 400 for the rest.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ class ServeConfig(ConfigModel):
     the body limit. 0: no limit."""
 
     max_requests: int = Field(default=256, ge=0)
-    """Most requests in flight at once, from reading their body to their last byte (streams
-    included); past it a request is a 429 with ``Retry-After`` before its body is read. 0: no
-    limit."""
+    """Most requests in flight at once, from their body read to their last byte (streams
+    included); past it a request is a 429 with ``Retry-After``. The slot is taken once the body
+    is read, so a slow body never holds one. 0: no limit."""
 
     max_tokens_in_flight: int | None = Field(default=None, ge=0)
     """Most tokens admitted at once, counting each request as its prompt tokens + max_tokens x n

@@ -177,13 +177,13 @@ def _train(cfg, rd: RunDir, model: str, task, tokenizer, resume: bool) -> dict:
     if getattr(cfg.task, "env", None):  # multi-turn: the environment's rubric scores whole episodes
         from tokenflow.scoring.episodes import REWARD_SPEC as reward_spec
     backend = scorer = logger = None
+    if cfg.scorer.sandbox_fallback:  # read by Sandbox() in the scorer processes started below
+        os.environ["TOKENFLOW_SANDBOX_FALLBACK"] = "1"
     try:
         # Workers first: their start-up is the longest, and the rest happens while they load.
         phases.mark("workers_spawn_start")
         backend = _make_backend(cfg, engine_model, trainer_model, version, resume_dir, trace_dir)
         phases.mark("workers_spawned")
-        if cfg.scorer.sandbox_fallback:  # read by Sandbox() in the scorer processes started below
-            os.environ["TOKENFLOW_SANDBOX_FALLBACK"] = "1"
         if cfg.runtime.backend == "ray":
             from tokenflow.runtime.backends.ray.scoring import RayScorerPool
 

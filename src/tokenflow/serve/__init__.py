@@ -12,7 +12,9 @@
                          ▼
                      RolloutEngine (builtin or vLLM, `tokenflow.engine.factory.make_engine`)
 
-`server` runs the app under uvicorn, in the foreground or in a background thread. See
+`server` runs the app under uvicorn, in the foreground or in a background thread (a header
+deadline, a connection cap); `limits` holds what a request meets before it runs; `tokenizing` the
+thread that renders chat templates and tokenizes prompts, each job within a time bound. See
 docs/serve.md.
 
 May import: layers 1-3 and, of layer 4, ``tokenflow.envs`` (tool calls, the chat bridge); never

@@ -42,11 +42,12 @@ _ERRORS = {
     400: "Invalid request: a malformed body, a bad parameter, a prompt longer than the context",
     401: "Missing or wrong API key",
     404: "Unknown model",
+    408: "The request head or body did not arrive in time (serve.header_timeout_s, serve.body_timeout_s)",
     413: "The request body is larger than the server takes (serve.max_body_bytes)",
     429: "Too many requests or tokens in flight (serve.max_requests, serve.max_tokens_in_flight); "
          "retry after the Retry-After header's seconds",
     500: "A bug in the server (its log has the details)",
-    503: "The server is shutting down",
+    503: "The server is shutting down, or has as many connections open as it takes (serve.max_connections)",
 }
 
 

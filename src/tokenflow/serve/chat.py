@@ -93,18 +93,30 @@ class ChatFormat:
         ids: list[int] = []
         for i, piece in enumerate(re.split(f"TFMARK{nonce}N(\\d+)N", text)):
             if i % 2:
-                ids += self._text_ids(typed[int(piece)])
+                ids += self._text_ids(typed[int(piece)], first=not ids)
             elif piece:
-                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+                ids += self._encode(piece, first=not ids, split=False)
         return [int(t) for t in ids]
 
-    def _text_ids(self, text: str) -> list[int]:
+    def _text_ids(self, text: str, first: bool) -> list[int]:
         """``text``'s ids with no added token among them (a non-special added token is not split by
         ``split_special_tokens``: then its first character goes alone)."""
-        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        ids = self._encode(text, first=first, split=True)
         if len(text) > 1 and any(t in self.added_ids for t in ids):
-            return self._text_ids(text[:1]) + self._text_ids(text[1:])
-        return list(ids)
+            return self._text_ids(text[:1], first) + self._text_ids(text[1:], False)
+        return ids
+
+    def _encode(self, text: str, *, first: bool, split: bool) -> list[int]:
+        """The ids of a piece of the rendered chat. One that does not start it is encoded after a
+        newline, which is then taken off, so that a SentencePiece tokenizer adds no word-start
+        space the whole text would not have there (as transformers' own ``encode_marked_chat``)."""
+        kw = {"add_special_tokens": False, "split_special_tokens": split}
+        if not first:
+            newline = self.tokenizer("\n", **kw)["input_ids"]
+            ids = list(self.tokenizer("\n" + text, **kw)["input_ids"])
+            if newline and ids[:len(newline)] == newline:
+                return ids[len(newline):]
+        return list(self.tokenizer(text, **kw)["input_ids"])
 
 
 _MARKUP = re.compile(r"<[^<>\s]{1,64}>|\[/?[A-Z_]{2,32}\]")

@@ -344,8 +344,9 @@ class EventStream(StreamingResponse):
 
 
 def limited_route(service) -> type[APIRoute]:
-    """The route class of `openai_router`: every POST takes a request slot, reads its body
-    within the limit and checks its prompts' size before FastAPI parses it."""
+    """The route class of `openai_router`: every POST reads its body within the limit and its
+    deadline, then takes a request slot, and checks its JSON's depth and its prompts' size
+    before FastAPI parses it."""
 
     class LimitedRoute(APIRoute):
         def get_route_handler(self):

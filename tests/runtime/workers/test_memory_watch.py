@@ -31,9 +31,10 @@ def _machine(tmp_path, version: int):
         proc.write_text("0::/user.slice/run-1.scope\n")
         d = root / "user.slice" / "run-1.scope"
         d.mkdir(parents=True)
-        (d / "memory.events").write_text(V2_EVENTS.format(n=0))
+        (d / "memory.events").write_text(V2_EVENTS.format(n=3))  # a sandbox below was killed: not ours
+        (d / "memory.events.local").write_text(V2_EVENTS.format(n=0))
         (d / "memory.max").write_text("2147483648\n")
-        events = d / "memory.events"
+        events = d / "memory.events.local"
     else:
         proc.write_text("9:name=systemd:/\n4:memory:/process_api/af33\n1:cpu:/\n0::/\n")
         d = root / "memory" / "process_api" / "af33"
@@ -54,6 +55,8 @@ def test_a_moved_oom_kill_counter_says_the_out_of_memory_killer(tmp_path, versio
     assert cgroup_limit_bytes(found) == (2147483648 if version == 2 else None)  # v1's "no limit"
     counters = OomCounters(found, str(vmstat))
     assert counters.readable() and counters.moved() == []
+    vmstat.write_text(VMSTAT.format(n=9))  # another cgroup of the machine: not ours
+    assert counters.moved() == []
     before = read_counter(events)
     events.write_text((V2_EVENTS if version == 2 else V1_OOM_CONTROL).format(n=before + 1))
     assert counters.moved() == [f"{events} oom_kill {before} → {before + 1}"]

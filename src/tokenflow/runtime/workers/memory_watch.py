@@ -120,15 +120,24 @@ def cgroup_limit_bytes(found: tuple[Path, int] | None = None) -> int | None:
 
 
 class OomCounters:
-    """The kernel's ``oom_kill`` counters when the run started; ``moved()`` names those that rose."""
+    """The kernel's ``oom_kill`` counter when the run started; ``moved()`` says whether it rose.
+
+    The workers' own cgroup's counter when it is readable (v2 ``memory.events.local``: kills of
+    processes in exactly that cgroup, not in sandboxes below it; else ``memory.events``; v1
+    ``memory.oom_control``); only without one the machine-wide /proc/vmstat, which also counts
+    kills in every other cgroup of the machine."""
 
     def __init__(self, cgroup: tuple[Path, int] | None | str = "find", vmstat: str = "/proc/vmstat") -> None:
         found = cgroup_memory_dir() if cgroup == "find" else cgroup
         self.files: dict[str, Path] = {}
         if found is not None:
             d, version = found
-            self.files["cgroup"] = d / ("memory.events" if version == 2 else "memory.oom_control")
-        self.files["vmstat"] = Path(vmstat)
+            names = ("memory.events.local", "memory.events") if version == 2 else ("memory.oom_control",)
+            path = next((d / n for n in names if read_counter(d / n) is not None), None)
+            if path is not None:
+                self.files["cgroup"] = path
+        if not self.files:
+            self.files["vmstat"] = Path(vmstat)
         self.start = {k: read_counter(p) for k, p in self.files.items()}
 
     def readable(self) -> bool:
