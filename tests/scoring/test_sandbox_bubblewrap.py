@@ -95,3 +95,13 @@ def test_children_together_past_the_runs_memory_are_killed_and_named():
     assert any("memory limit" in n for n in r.notes)
     ok = run_program(code.replace("150 << 20", "40 << 20"), limits=SandboxLimits(wall_s=15, total_memory_mb=256))
     assert ok.ok, (ok.reason, ok.stderr[-500:])
+
+
+def test_the_fallback_is_a_config_key_that_is_off_by_default():
+    from tokenflow.config.scorer import ScorerConfig
+    from tokenflow.scoring.sandbox import FALLBACK_ENV
+
+    assert ScorerConfig().sandbox_fallback is False
+    assert ScorerConfig(sandbox_fallback=True).sandbox_fallback is True
+    assert FALLBACK_ENV == "TOKENFLOW_SANDBOX_FALLBACK"  # what launch.py sets for the scorer processes
+    assert FALLBACK_ENV in (Path(__file__).parents[2] / "src/tokenflow/runtime/launch.py").read_text()
