@@ -98,14 +98,23 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
-def _resume_advice(run_dir) -> str:
+def _resume_command(run_dir, cfg=None) -> str:
+    """``tokenflow train --resume DIR``, with ``--trust-run-config`` when this run's own config
+    names code (a reward file, ...): the folder is the user's, made by this very command."""
+    from tokenflow.runtime.run.folder_code import code_keys
+
+    trust = " --trust-run-config" if cfg is not None and code_keys(cfg, set()) else ""
+    return f"tokenflow train --resume {run_dir}{trust}"
+
+
+def _resume_advice(run_dir, cfg=None) -> str:
     """What to do after a failed run: a command that works from where the folder stands."""
     from tokenflow.runtime.run.run_dir import RunDir
 
     cps = RunDir(run_dir).complete_checkpoints()
     if cps:
-        return f"The last checkpoint ({cps[-1].name}) is intact; continue with: tokenflow train --resume {run_dir}"
-    return (f"No checkpoint was written yet; start the run again with: tokenflow train --resume {run_dir} "
+        return f"The last checkpoint ({cps[-1].name}) is intact; continue with: {_resume_command(run_dir, cfg)}"
+    return (f"No checkpoint was written yet; start the run again with: {_resume_command(run_dir, cfg)} "
             "(it starts from step 0 with the same config)")
 
 
@@ -177,10 +186,10 @@ def run(args, overrides: list[str] | None = None) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (RunFailed, WorkerDied) as e:
-        print(f"error: {e}\n{_resume_advice(run_dir)}", file=sys.stderr)
+        print(f"error: {e}\n{_resume_advice(run_dir, cfg)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"interrupted; continue with: tokenflow train --resume {run_dir}", file=sys.stderr)
+        print(f"interrupted; continue with: {_resume_command(run_dir, cfg)}", file=sys.stderr)
         return 130
     if args.json:
         from tokenflow.metrics.sinks import dumps_strict
