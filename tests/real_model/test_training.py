@@ -98,7 +98,7 @@ def test_tokenflow_eval_and_report_on_the_run(run, capsys):
     from tokenflow.cli.main import main
 
     folder, summary = run
-    assert main(["eval", str(folder), "--limit", "2", "--threads", "1", "--json"]) == 0
+    assert main(["eval", str(folder), "--limit", "2", "--threads", "1", "--json", "--trust-run-config"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # "Paris" and "8": answered through the chat template (bare text gets no answer from it)
     assert out["prompts"] == 2 and out["accuracy"] == 1.0 == summary["final_accuracy"]

@@ -275,9 +275,10 @@ class ScorerPool:
             else:
                 r.rewards = res
                 r.reward = res["reward"]
-                # Scored again (a resume's kept group, a restarted pool): an earlier failure is gone.
-                r.failed = False
-                r.info.pop("score_error", None)
+                # Scored again (a resume's kept group, a restarted pool): an earlier scoring failure
+                # is gone. An episode its environment failed stays failed (``env_error``).
+                if r.info.pop("score_error", None) is not None and "env_error" not in r.info:
+                    r.failed = False
             self.scored += 1
         trace.record("scorer/group", p.started, time.time() - p.started, n=len(p.group))
 
