@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import re
 
-# "The answer is 24", "the answer is: 24", "The final answer is $24$." -- the last one counts.
-ANSWER = re.compile(r"answer is\s*:?\s*\$?\s*(-?\d[\d,]*)", re.IGNORECASE)
+# "The answer is 24", "the answer is: 24", "The final answer is $24$.", "The answer is **24**."
+# -- the last one counts. The number must end there: "The answer is 1000.5" states no whole
+# number (it is not 1000), so it is not in the form.
+ANSWER = re.compile(r"answer is\s*:?\s*(?:\*\*)?\s*\$?\s*(-?\d[\d,]*)(?![.,]?\d)", re.IGNORECASE)
 
 
 def stated_answer(completion: str) -> str | None:

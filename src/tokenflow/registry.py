@@ -203,8 +203,8 @@ def _dr_grpo_constant_check(alg) -> None:
 
 def _no_options(task) -> None:
     if task.options:
-        raise ValueError(f"task.options ({', '.join(sorted(task.options))}) is for plugin tasks; "
-                         f"task.name = {task.name!r} takes none: remove [task.options]")
+        raise ValueError(f"task.options ({', '.join(sorted(task.options))}) is for plugin tasks and environment "
+                         f"classes (task.env); task.name = {task.name!r} takes none: remove [task.options]")
 
 
 def _env_settings_check(task) -> None:
@@ -221,8 +221,8 @@ def _env_settings_check(task) -> None:
 
 
 def _env_check(task) -> None:
-    _no_options(task)
-    if not task.env:
+    if not task.env:  # with task.env, [task.options] go to the environment class (tokenflow.envs.loading)
+        _no_options(task)
         raise ValueError('task.name = "env" needs task.env = "module:Class" (an Environment subclass)')
     if task.train_path or task.eval_path:
         raise ValueError('task.name = "env" draws examples from the environment class; for examples from a '
@@ -231,7 +231,8 @@ def _env_check(task) -> None:
 
 
 def _dataset_check(task) -> None:
-    _no_options(task)
+    if not task.env:  # with task.env, [task.options] go to the environment class
+        _no_options(task)
     if not task.train_path:
         raise ValueError('task.name = "dataset" needs task.train_path (a .jsonl or .parquet file)')
     if task.env:
@@ -265,6 +266,7 @@ TASKS.add("dataset", "tokenflow.envs.task:from_dataset_config", check=_dataset_c
 TASKS.add("env", "tokenflow.envs.task:from_config", check=_env_check)
 
 SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")
+SCORERS.add("math_verify", "tokenflow.scoring.math_reward:math_verify_reward")  # the `math` extra
 
 
 def token_level_estimators() -> list[str]:

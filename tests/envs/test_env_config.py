@@ -118,3 +118,76 @@ def test_an_env_without_example_generators_needs_a_file(env_file):
     cfg = load_config(TrainConfig, None, ["--task.name", "env", "--task.env", f"{env_file}:Echo"])
     with pytest.raises(EnvironmentLoadError, match="does not generate examples.*train_example"):
         build_task(cfg.task)
+
+
+OPTIONS_ENV = textwrap.dedent("""
+    from tokenflow.envs.calculator import CalculatorEnv, example_of
+
+    class Graded(CalculatorEnv):
+        '''One class for several datasets: [task.options] pick the questions and a tag.'''
+
+        def __init__(self, tag: str = "none"):
+            super().__init__()
+            self.tag = tag
+
+        def reset(self, example):
+            self.state["tag"] = self.tag
+            return super().reset(example)
+
+        @classmethod
+        def train_example(cls, index, seed, products_only: bool = False):
+            ex = super().train_example(index, seed)
+            return example_of(ex["a"], ex["b"], None) if products_only else ex
+
+        @classmethod
+        def eval_examples(cls, seed, n, products_only: bool = False):
+            out = super().eval_examples(seed, n)
+            return [example_of(e["a"], e["b"], None) for e in out] if products_only else out
+""")
+
+
+@pytest.fixture()
+def options_env(tmp_path):
+    f = tmp_path / "graded_env.py"
+    f.write_text(OPTIONS_ENV)
+    return f"{f}:Graded"
+
+
+def test_task_options_reach_the_constructor_and_the_example_methods(options_env):
+    cfg = load_config(TrainConfig, None, ["--task.name", "env", "--task.env", options_env, "--task.num_eval", "8",
+                                          "--task.options.products_only", "true", "--task.options.tag", "gsm"])
+    task = build_task(cfg.task)
+    assert all(task.train_prompt(i).example["c"] is None for i in range(50))
+    assert all(p.example["c"] is None for p in task.eval_prompts())
+    env = task.make_env()
+    assert env.tag == "gsm"
+    env.reset(task.train_prompt(0).example)
+    assert env.state["tag"] == "gsm"
+    plain = build_task(load_config(TrainConfig, None, ["--task.name", "env", "--task.env", options_env]).task)
+    assert any(plain.train_prompt(i).example["c"] is not None for i in range(50))  # defaults without options
+    assert plain.make_env().tag == "none"
+
+
+def test_an_option_no_part_of_the_environment_takes_is_refused_by_name(options_env, env_file, tmp_path):
+    cfg = load_config(TrainConfig, None, ["--task.name", "env", "--task.env", options_env,
+                                          "--task.options.levels", "3"])
+    with pytest.raises(EnvironmentLoadError, match=r"task.options.levels: the environment .*Graded takes no "
+                                                    r"option 'levels'.*Graded.__init__, Graded.train_example"):
+        build_task(cfg.task)
+    with pytest.raises(EnvironmentLoadError, match=r"task.options.url: .*CalculatorEnv takes no option 'url'"):
+        build_task(load_config(TrainConfig, None, ["--task.name", "env", "--task.env", CALC,
+                                                   "--task.options.url", "x"]).task)
+    # From a file, examples are rows: an option only the example methods take is unused, so refused.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "12*34", "a": 12, "b": 34, "c": None, "answer": 408}) + "\n")
+    cfg = load_config(TrainConfig, None, ["--task.name", "dataset", "--task.train_path", str(rows), "--task.env",
+                                          options_env, "--task.options.products_only", "true"])
+    with pytest.raises(EnvironmentLoadError, match=r"task.options.products_only: .*none of Graded.__init__ has"):
+        build_task(cfg.task)
+    # A required constructor argument is an option to set.
+    assert load_environment(f"{env_file}:NeedsArgs", {"url": "http://x"}).__name__ == "NeedsArgs"
+    with pytest.raises(EnvironmentLoadError, match=r"needs argument\(s\) url.*set task.options.url"):
+        load_environment(f"{env_file}:NeedsArgs")
+    # Other built-in tasks still take no options.
+    with pytest.raises(ConfigError, match=r"task.options \(tag\) is for plugin tasks"):
+        load_config(TrainConfig, None, ["--task.options.tag", "x"])

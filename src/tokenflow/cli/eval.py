@@ -92,7 +92,8 @@ def episode_accuracy(engine, task, cfg, limit: int | None) -> float:
     e = cfg.episode
     agent = getattr(cfg.task, "agent", None)
     specs = [EpisodeSpec(cfg.task.env, p.example, e.max_turns, e.max_total_tokens, e.step_timeout_s,
-                         agent=agent, agent_timeout_s=e.agent_timeout_s) for p in prompts]
+                         agent=agent, agent_timeout_s=e.agent_timeout_s, options=dict(cfg.task.options))
+             for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop=tuple(cfg.sampling.stop))
     bar = Progress(len(prompts), description="eval", unit="agent run" if agent else "episode")
     if agent:  # the agent plays each example through a session, as in training

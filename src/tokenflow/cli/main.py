@@ -20,6 +20,7 @@ COMMANDS = {
     "simulate": "tokenflow.cli.simulate",
     "report": "tokenflow.cli.report",
     "engines": "tokenflow.cli.engines",
+    "samples": "tokenflow.cli.samples",
 }
 
 

@@ -16,7 +16,12 @@ class RolloutConfig(ConfigModel):
     group_size: int = Field(default=8, ge=1)
     """Samples per prompt (the GRPO group, the engine's n)."""
     max_staleness: int = Field(default=1, ge=0)
-    """Admission bound K: at most (K+1) × rollouts per step admitted and not yet consumed. 0 = synchronous."""
+    """Admission bound K: at most (K+1) × rollouts per step admitted and not yet consumed. 0 = synchronous.
+    It bounds admission, not the age of trained tokens: under batch_order "ready" a straggler
+    overtaken by younger groups is trained older than K (about 7% of the default run's tokens,
+    up to 4 versions old); the live view and the end-of-run table give that share.
+    algorithm.max_token_age drops such tokens, batch_order "admission" waits for them, and
+    trainer.staleness_lr shortens the step of a batch by its mean token age."""
     batch_order: Literal["admission", "ready"] = "ready"
     """Which groups make a step's batch. "admission": the prompts_per_step oldest admitted
     groups, waiting for all of them, so no token is older than max_staleness. "ready": the

@@ -24,7 +24,12 @@ class RunConfig(ConfigModel):
     eval_limit: int | None = Field(default=None, ge=1)
     """Evaluate on at most this many held-out prompts (None: the whole split)."""
     checkpoint_every: int = Field(default=10, ge=0)
-    """Write a checkpoint every N steps (0: only at the end)."""
+    """Write a checkpoint every N steps (0: only at the end, unless ``final_checkpoint`` is false)."""
+    final_checkpoint: bool = True
+    """Write a checkpoint when the run ends. False (smoke runs, quick experiments): the run ends
+    without one, so its folder is not finished for ``--resume``, which continues from the last
+    periodic checkpoint (``checkpoint_every``) and trains the steps after it again, or starts
+    over from step 0 when there is none."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many of the most recent checkpoints to keep."""
     checkpoint_background: bool = True
@@ -32,6 +37,10 @@ class RunConfig(ConfigModel):
     (its only pause, ``time/checkpoint_stall_s``) and writes the files in a background thread,
     and the orchestrator closes the checkpoint (manifest, rename) in one of its own. False: the
     trainer and the orchestrator write everything before the next step."""
+    samples_per_step: int = Field(default=2, ge=0)
+    """Decoded samples of each training step written to ``samples.jsonl`` (prompt and completion
+    text, reward and its components, policy versions, token age), beside every held-out sample
+    of each evaluation; ``tokenflow samples RUN`` prints them. 0: held-out samples only."""
     save_rollouts: bool = False
     """Write every consumed rollout (tokens, behaviour log-probs, versions, reward) to rollouts.jsonl."""
 

@@ -98,6 +98,12 @@ class ServeConfig(ConfigModel):
     """Training sessions: a session with no call running and none started for this long is
     closed (its later calls get a 404). Keep it above ``episode.agent_timeout_s``."""
 
+    allow_dropped_tools: bool = False
+    """A chat request with ``tools``, or with an assistant's ``tool_calls`` in its history, whose
+    chat template renders neither (SmolLM2's own ignores both; found by rendering with and
+    without them) is a 400 naming the template. True: serve it anyway, without them, and log it
+    once. Training sessions allow it (the run logs it)."""
+
     def prompt_chars(self, max_model_len: int) -> int:
         """The prompt bound, in characters."""
         return int(max_model_len * self.prompt_chars_per_token)
@@ -121,7 +127,8 @@ class ServeConfig(ConfigModel):
         return 4 * max_num_seqs * max_model_len
 
 
-SESSION_DEFAULTS = ServeConfig(max_requests=0, max_tokens_in_flight=0, shutdown_timeout_s=5.0)
+SESSION_DEFAULTS = ServeConfig(max_requests=0, max_tokens_in_flight=0, shutdown_timeout_s=5.0,
+                               allow_dropped_tools=True)
 """Training sessions' limits: no admission limit (the run bounds its agents, which share the
-engine with training), a 5 s stop (the runtime waits that long for its server), the other
-limits as served."""
+engine with training), a 5 s stop (the runtime waits that long for its server), a template that
+drops tools logged rather than refused, the other limits as served."""

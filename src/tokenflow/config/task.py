@@ -45,7 +45,10 @@ class TaskConfig(ConfigModel):
     """Optional system message when chat_template is on."""
 
     options: dict[str, Any] = Field(default_factory=dict)
-    """Settings of a plugin task, as a table (``[task.options]``); built-in tasks take none."""
+    """Settings, as a table (``[task.options]``): of a plugin task, or with ``env`` of the
+    environment class (passed by keyword to its constructor and its ``train_example`` /
+    ``eval_examples``, each getting the keys its signature names; docs/environments.md,
+    "Options"). Other built-in tasks take none."""
 
     @field_validator("name")
     @classmethod

@@ -39,6 +39,19 @@ class TrainerConfig(ConfigModel):
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Cosine floor as a fraction of lr."""
 
+    staleness_lr: bool = True
+    """Staleness-aware learning rate (Zhang et al. 2016, staleness-aware async-SGD): a batch
+    whose trained tokens are on average ā versions old (trainer version − token version) takes
+    its optimizer steps at the schedule's lr × min(1, (1 + staleness_lr_ref) / (1 + ā)). Batches
+    no staler than the reference train at the full lr (synchronous runs, two thirds of the default
+    K = 1 run's; the rest take 0.7–0.99 of it); deep asynchrony (K = 4, 8) trains old data with
+    shorter steps, which is what kept the default workload from collapsing there
+    (docs/algorithms.md, "A learning rate that follows staleness"). ``optim/staleness_lr_scale``
+    reports the factor."""
+
+    staleness_lr_ref: float = Field(default=1.0, ge=0)
+    """The mean token age up to which a batch trains at the full lr (see staleness_lr)."""
+
     grad_clip: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this; None disables clipping (the norm is still logged)."""
 

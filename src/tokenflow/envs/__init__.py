@@ -21,7 +21,7 @@ May import: layers 1-3 and ``tokenflow.tasks`` (an environment task is a task); 
 from tokenflow.envs.base import Environment, StepResult
 from tokenflow.envs.bridge import BridgeError, ChatBridge, PrefixCheck
 from tokenflow.envs.episode import Episode, Trajectory, play_reference_episodes, run_episodes
-from tokenflow.envs.loading import EnvironmentLoadError, load_environment
+from tokenflow.envs.loading import EnvironmentLoadError, load_environment, make_environment
 from tokenflow.envs.rubric import Rubric, RubricError, group_reward
 from tokenflow.envs.schemas import ToolSchemaError, tool_schema, tool_schemas
 from tokenflow.envs.tool_calls import ToolCall, ToolCallError, parse_tool_calls, render_tool_call
@@ -30,6 +30,6 @@ from tokenflow.envs.tool_env import ToolEnvironment
 __all__ = [
     "BridgeError", "ChatBridge", "Environment", "EnvironmentLoadError", "Episode", "PrefixCheck", "Rubric",
     "RubricError", "StepResult", "ToolCall", "ToolCallError", "ToolEnvironment", "ToolSchemaError", "Trajectory",
-    "group_reward", "load_environment", "parse_tool_calls", "play_reference_episodes", "render_tool_call",
+    "group_reward", "load_environment", "make_environment", "parse_tool_calls", "play_reference_episodes", "render_tool_call",
     "run_episodes", "tool_schema", "tool_schemas",
 ]

@@ -64,6 +64,10 @@ class Environment(abc.ABC):
     which is what makes resume exact) and ``eval_examples(seed, n) -> list[dict]`` (a held-out
     split that the training stream never draws). Otherwise examples are the rows of
     ``task.train_path``.
+
+    ``[task.options]`` configure the class: the constructor and the two classmethods each get,
+    by keyword, the options their signature names (``tokenflow.envs.loading``); a subclass
+    that takes options calls ``super().__init__()``.
     """
 
     max_turns: ClassVar[int] = 4

@@ -84,11 +84,14 @@ one model turn per prompt, ending with one of ``stop_token_ids`` unless it ran o
 
 
 async def play_reference_episodes(env_cls: type[Environment], examples: Sequence[dict], tokenizer,
-                                  generate: Generate, max_len: int | None = None,
-                                  **bridge_kwargs) -> list[Trajectory]:
+                                  generate: Generate, max_len: int | None = None, *,
+                                  options: dict | None = None, **bridge_kwargs) -> list[Trajectory]:
     """Play one episode per example, all turns of one round in one ``generate`` call. An episode
-    whose ids reach ``max_len`` (the model's context) ends there, truncated."""
-    envs = [env_cls() for _ in examples]
+    whose ids reach ``max_len`` (the model's context) ends there, truncated. ``options``: the
+    environment's ``[task.options]`` (`tokenflow.envs.loading.make_environment`)."""
+    from tokenflow.envs.loading import make_environment
+
+    envs = [make_environment(env_cls, options) for _ in examples]
     bridges: dict[tuple, ChatBridge] = {}
     trajs: list[Trajectory] = []
     used: list[ChatBridge] = []

@@ -20,6 +20,11 @@ The first `resolve_model_path` of such a name does the same. The steps, each log
 The folder is built in a temporary folder beside its place and renamed into place, under a file
 lock, so two processes never build it at once and none ever sees half a folder.
 
+A model whose catalog entry names a ``chat_template`` of tokenflow's gets it in its
+``tokenizer_config.json``; the manifest records the template's digest. A folder built with an
+older template (or none) is patched in place on its next use, under the same lock: the
+tokenizer config, then the manifest, each replaced whole (no rebuild, no download).
+
 Layer 2 (models and weights): imports the standard library, `tokenflow.errors` and the catalog;
 torch, transformers and filelock only inside functions.
 """
@@ -57,10 +62,14 @@ def build_command(name: str) -> str:
 
 
 def ensure_built(name: str, *, wheel: str | Path | None = None, force: bool = False) -> Path:
-    """``name``'s folder in the cache, built first if it is not there (or ``force``)."""
+    """``name``'s folder in the cache, built first if it is not there (or ``force``), its chat
+    template brought up to date if it was built with another (`patch_chat_template`)."""
     spec = BUILT_MODELS[name]
     final = built_model_path(name)
     if is_built(name) and not force:
+        if _template_record(spec) != _recorded_template(final):
+            with _locked(final.parent / f".{name}.lock", name):
+                patch_chat_template(spec, final)
         return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +97,60 @@ def ensure_built(name: str, *, wheel: str | Path | None = None, force: bool = Fa
             shutil.rmtree(work, ignore_errors=True)
         log.info("%s: built in %.0f s: %s", name, time.monotonic() - t0, final)
     return final
+
+
+# ---- the chat template ----------------------------------------------------------------------------
+def chat_template_text(spec: BuiltModel) -> str | None:
+    """The text of ``spec``'s chat template of tokenflow's (None: it keeps the model's own)."""
+    if spec.chat_template is None:
+        return None
+    from importlib import resources
+
+    return (resources.files("tokenflow") / "assets" / "chat_templates" / spec.chat_template).read_text()
+
+
+def _template_record(spec: BuiltModel) -> dict | None:
+    text = chat_template_text(spec)
+    if text is None:
+        return None
+    return {"file": spec.chat_template, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def _recorded_template(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+
+
+def _replace_json(path: Path, data: dict) -> None:
+    """``path`` replaced whole by ``data`` (a reader sees the old file or the new one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    tmp.chmod(path.stat().st_mode & 0o777)
+    os.replace(tmp, path)
+
+
+def patch_chat_template(spec: BuiltModel, folder: Path) -> None:
+    """Write ``spec``'s chat template into the built ``folder``'s tokenizer config, then record
+    it in the manifest (a stop between the two patches it again next time). A cache that cannot
+    be written keeps its template, with a warning."""
+    record = _template_record(spec)
+    if record is None or _recorded_template(folder) == record:
+        return
+    try:
+        config_file = folder / "tokenizer_config.json"
+        tk = json.loads(config_file.read_text())
+        tk["chat_template"] = chat_template_text(spec)
+        _replace_json(config_file, tk)
+        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest["chat_template"] = record
+        _replace_json(folder / MANIFEST, manifest)
+    except OSError as e:
+        log.warning("%s: cannot write its chat template %s into %s (%s); it keeps the template it was built "
+                    "with", spec.name, spec.chat_template, folder, e)
+        return
+    log.info("%s: chat template %s written into %s", spec.name, spec.chat_template, config_file)
 
 
 # ---- the steps ------------------------------------------------------------------------------------
@@ -170,6 +233,8 @@ def _convert(spec: BuiltModel, gguf: Path, out: Path) -> dict:
     gen.bos_token_id = tokenizer.bos_token_id
     log.info("%s: saving to %s (float32 safetensors)", spec.name, out)
     model.save_pretrained(out)
+    if spec.chat_template is not None:  # tokenflow's template in place of the model's own
+        tokenizer.chat_template = chat_template_text(spec)
     tokenizer.save_pretrained(out, save_jinja_files=False)  # the template inside tokenizer_config.json
     config_file = out / "tokenizer_config.json"
     tk = json.loads(config_file.read_text())
@@ -182,6 +247,7 @@ def _convert(spec: BuiltModel, gguf: Path, out: Path) -> dict:
     return {
         "name": spec.name,
         "source": {"package": spec.requirement, "wheel_sha256": spec.wheel_sha256, "member": spec.member},
+        "chat_template": _template_record(spec),
         "weights": "float32, dequantized from the GGUF file's Q4_1 quantization (not the original bfloat16 "
                    "weights: the model is the quantized one)",
         "built_with": {"transformers": transformers.__version__, "gguf": version("gguf"),

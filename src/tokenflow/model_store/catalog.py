@@ -40,6 +40,11 @@ class BuiltModel:
     check_prompt: str
     check_answer: str
     """A chat prompt whose greedy answer (float32, transformers) must start with ``check_answer``."""
+    chat_template: str | None = None
+    """A chat template of tokenflow's (a file of ``tokenflow/assets/chat_templates``) that
+    replaces the model's own in the built folder's ``tokenizer_config.json``; None: the model's.
+    The manifest records its digest, and a folder built with another is patched in place on its
+    next use (`tokenflow.model_store.build.ensure_built`), so editing the file is the version bump."""
 
     @property
     def requirement(self) -> str:
@@ -58,6 +63,9 @@ BUILT_MODELS = {
                 "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True},
         turn_end="<|im_end|>",
         check_prompt="What is 17 + 25?", check_answer="17 + 25 =",
+        # SmolLM2's own template ignores `tools` and renders an assistant's tool calls as an empty
+        # turn; this one renders plain conversations identically, plus tools and Hermes-style calls.
+        chat_template="smollm2_tools.jinja",
     ),
 }
 """``model.path`` names of the models built into the cache on first use."""

@@ -27,7 +27,7 @@ def _env_class(spec: str) -> type:
     if cls is None:
         from tokenflow.envs import load_environment
 
-        cls = _classes[spec] = load_environment(spec)
+        cls = _classes[spec] = load_environment(spec, build=False)  # its rubric: options are not needed
     return cls
 
 

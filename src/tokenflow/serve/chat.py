@@ -25,6 +25,7 @@ import re
 import secrets
 
 from tokenflow.envs.bridge import BridgeError, ChatBridge
+from tokenflow.envs.template_tools import dropped_tools, tool_rendering, warn_dropped_tools
 from tokenflow.envs.tool_calls import ToolCall as ParsedToolCall
 from tokenflow.envs.tool_calls import ToolSpec, parse_tool_calls, text_outside_calls
 from tokenflow.serve.errors import bad_request
@@ -34,7 +35,9 @@ from tokenflow.serve.protocol import ChatMessage, FunctionCall, Tool, ToolCallOu
 class ChatFormat:
     """The model's chat template, or the reason there is none (chat requests then get a 400)."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, model_name: str = "this model", allow_dropped_tools: bool = False) -> None:
+        self.model_name = model_name
+        self.allow_dropped_tools = allow_dropped_tools
         self.bridge: ChatBridge | None = None
         self.unavailable = ""
         self.tokenizer = tokenizer
@@ -57,12 +60,32 @@ class ChatFormat:
             raise bad_request(self.unavailable, "messages", "chat_template_missing")
         schemas = [t.model_dump(mode="json", exclude_none=True) for t in tools] if tools else None
         msgs = template_messages(messages)
+        self.check_tools(bool(schemas), any(m.get("tool_calls") for m in msgs))
         try:
             if not self.has_markers(msgs, schemas):
                 return self.bridge.prompt_ids(msgs, schemas=schemas)
             return self._marked_prompt_ids(msgs, schemas)
         except BridgeError as e:
             raise bad_request(str(e), "messages") from None
+
+    def check_tools(self, tools: bool, calls: bool) -> None:
+        """A 400 when the template would drop the offered tools or the history's tool calls
+        (`tokenflow.envs.template_tools`), unless ``serve.allow_dropped_tools``: then logged once."""
+        if not (tools or calls):
+            return
+        bridge = self.bridge
+        rendering = tool_rendering(self.tokenizer, bridge.chat_template, **bridge.template_kwargs)
+        name = f"the chat template of {self.model_name}"
+        reason = dropped_tools(rendering, tools=tools, calls=calls, name=name)
+        if reason is None:
+            return
+        if self.allow_dropped_tools:
+            warn_dropped_tools(self.tokenizer, f"serving {self.model_name}", tools=tools, calls=calls)
+            return
+        raise bad_request(f"{reason}, so the model would never see them. Serve a model whose template renders "
+                          "tools (tokenflow writes one for smollm2-135m-instruct), or start the server with "
+                          "--serve.allow_dropped_tools true to serve such requests without them",
+                          "tools" if tools and not rendering.tools else "messages", "tools_not_rendered")
 
     def has_markers(self, messages: list[dict], schemas: list[dict] | None = None) -> bool:
         """Whether a client-written string of these messages (not the assistant's) or tools holds

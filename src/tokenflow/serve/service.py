@@ -72,7 +72,7 @@ class OpenAIService:
         self.admission = Admission(config, max_num_seqs, self.max_model_len)
         self.prompt_bound = PromptBound(config, self.max_model_len)
         self.max_body_bytes = config.body_bytes(self.max_model_len)
-        self.chat_format = ChatFormat(self.tokenizer)
+        self.chat_format = ChatFormat(self.tokenizer, model_name, config.allow_dropped_tools)
         self.strings = TokenStrings(self.tokenizer)
         self.created = int(time.time())
         self.closing = False

@@ -40,7 +40,7 @@ from tokenflow.trainer.model.memory import keep_host_memory
 from tokenflow.trainer.model.runner import CausalLMRunner
 from tokenflow.trainer.model.value_head import ValueHead
 from tokenflow.trainer.passes import NoGradPasses
-from tokenflow.trainer.schedule import build_scheduler
+from tokenflow.trainer.schedule import build_scheduler, staleness_lr_scale
 from tokenflow.trainer.stepping import Stepper
 from tokenflow.trainer.updates import MiniBatch, StepLog, split
 from tokenflow.trainer.weights import PolicyWeights
@@ -136,7 +136,9 @@ class Trainer:
         Failed rollouts are dropped first (their groups become ragged). ``global_counts``
         replaces the locally counted loss tokens and sequences in the aggregation normaliser; a
         data-parallel caller passes the counts summed over ranks, and then ``loss/*`` are this
-        rank's shares of the global loss (one mini-batch only).
+        rank's shares of the global loss (one mini-batch only). The staleness factor on the lr
+        (``trainer.staleness_lr``) is computed from ``rollouts``: such a caller, whose ranks hold
+        different rollouts, turns it off or gives the ranks shards of equal mean age.
         """
         start = time.perf_counter()
         alg, c = self.algorithm, self.config
@@ -167,6 +169,11 @@ class Trainer:
                     else [np.zeros(0, dtype=np.float32)] * len(live))
         acc, log_ = Accumulator(), StepLog()
         forwarded = n_micro = 0
+        # Every rank sees the whole batch, so every rank computes the same factor.
+        scale = staleness_lr_scale(self._trained_age([s for m in minis for s in m.train]), c)
+        scheduled = [g["lr"] for g in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["lr"] *= scale
         for epoch in range(c.epochs):
             for k, mini in enumerate(minis):
                 step_acc = Accumulator()
@@ -184,8 +191,11 @@ class Trainer:
                 acc.merge(step_acc)
                 forwarded += sum(mb.num_tokens for mb in batches)
                 n_micro += len(batches)
+        for g, lr in zip(self.optimizer.param_groups, scheduled):
+            g["lr"] = lr
         self.scheduler.step()  # once per batch: the schedule counts policy versions
         metrics = step_metrics(acc, log_.metrics())
+        metrics["optim/staleness_lr_scale"] = scale
         metrics.update(age_stats(seqs, self.version))
         metrics.update(kl_metrics)
         self.version += 1
@@ -201,6 +211,12 @@ class Trainer:
             "time/train_s": elapsed,
         })
         return metrics
+
+    def _trained_age(self, train: list[TrainSequence]) -> float:
+        """Mean age (this version − token version) of the loss tokens of the sequences trained."""
+        ages = [self.version - s.versions[s.keep] for s in train]
+        n = sum(len(a) for a in ages)
+        return float(sum(a.sum() for a in ages)) / n if n else 0.0
 
     def _skip_inert(self, train: list[TrainSequence], adv: AdvantageResult):
         """(sequences to train, sequences skipped). A sequence whose advantage is 0 on every

@@ -68,6 +68,42 @@ def test_an_environment_that_raises_fails_samples_not_the_run(tmp_path):
     assert all(r["reward/failed_frac"] == r["episode/failed"] / 16 for r in rows)
 
 
+def test_task_options_reach_the_environment_in_a_real_run(tmp_path):
+    """One class, configured by [task.options]: the constructor's option reaches every episode
+    in the engine worker (its rubric reads it back in the scorer), the example methods' option
+    shapes the questions."""
+    (tmp_path / "tagged_env.py").write_text(textwrap.dedent("""
+        from tokenflow.envs import Rubric
+        from tokenflow.envs.calculator import CalculatorEnv, correct, example_of
+
+        def tagged(state):
+            return float(state.get("tag") == "gsm")
+
+        class Tagged(CalculatorEnv):
+            rubric = Rubric([correct, tagged], weights=[1.0, 0.0])
+
+            def __init__(self, tag: str):  # required: every process that builds or loads it gets it
+                super().__init__()
+                self.tag = tag
+
+            def reset(self, example):
+                self.state["tag"] = self.tag
+                return super().reset(example)
+
+            @classmethod
+            def train_example(cls, index, seed, products_only: bool = False):
+                ex = super().train_example(index, seed)
+                return example_of(ex["a"], ex["b"], None) if products_only else ex
+    """))
+    cfg = small_config(*env_overrides(f"{tmp_path / 'tagged_env.py'}:Tagged"), "--run.steps", "2",
+                       "--run.checkpoint_every", "0", "--run.eval_every", "0",
+                       "--task.options.tag", "gsm", "--task.options.products_only", "true")
+    assert train(cfg, tmp_path / "run")["steps"] == 2
+    rows = step_rows(tmp_path / "run")
+    assert [r["reward/tagged_mean"] for r in rows] == [1.0, 1.0]
+    assert all(r["episode/failed"] == 0 for r in rows)
+
+
 AGENT = str(Path(__file__).parents[3] / "examples/agents/calculator_agent.py") + ":solve"
 
 

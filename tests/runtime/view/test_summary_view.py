@@ -19,7 +19,14 @@ def test_rows_say_what_changed_and_how_it_ran():
     assert rows["idle"] == "trainer 14%, engine 42%"
     assert rows["token age"] == "mean 1.25, max 2 versions behind"  # (0 + 1 + 2·2) / 4
     assert rows["throughput"] == "30,000 tokens generated, 3,000 tok/s over the wall time"
-    assert rows["steps"].startswith("6 (async, staleness ≤ 2")
+    assert rows["steps"].startswith("6 (async, admission bound max_staleness 2")
+
+
+def test_tokens_older_than_the_staleness_budget_are_told():
+    """max_staleness bounds admission, not token age: the table says how much was trained older."""
+    rows = dict(summary_rows({**SUMMARY, "max_staleness": 1}))
+    assert rows["token age"].startswith("mean 1.25, max 2 versions behind; 50.0% older than max_staleness 1 "
+                                        "(an admission bound; algorithm.max_token_age drops them")
 
 
 def test_table_fits_80_columns_and_names_the_next_commands(tmp_path):

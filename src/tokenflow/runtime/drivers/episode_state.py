@@ -28,6 +28,9 @@ class EpisodeSpec:
     training session (`tokenflow.runtime.drivers.agents`), not by the environment's reset and step."""
     agent_timeout_s: float = 120.0
     """Deadline of one agent call, from its start to its return."""
+    options: dict = field(default_factory=dict)
+    """``[task.options]``: the environment's constructor gets those it names
+    (`tokenflow.envs.make_environment`)."""
 
 
 @dataclass

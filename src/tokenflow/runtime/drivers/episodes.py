@@ -45,10 +45,11 @@ GRACE_S = 0.5
 asyncio timeout inside the loop normally fires first; this catches a loop that is blocked)."""
 
 
-def _load_env_class(spec: str):
+def _load_env_class(spec: str, options: dict):
     from tokenflow.envs import load_environment
 
-    return load_environment(spec)
+    # The task checked the keys against the parts it uses; here the constructor must be buildable.
+    return load_environment(spec, options, examples=True)
 
 
 class EpisodeDriver:
@@ -84,7 +85,7 @@ class EpisodeDriver:
             self._loop = EnvLoop()
         cls = self._classes.get(spec.env)
         if cls is None:
-            cls = self._classes[spec.env] = _load_env_class(spec.env)
+            cls = self._classes[spec.env] = _load_env_class(spec.env, spec.options)
         from tokenflow.envs import Episode
 
         episodes = []
@@ -93,11 +94,13 @@ class EpisodeDriver:
             ep.max_turns = spec.max_turns or int(getattr(cls, "max_turns", 1))
             episodes.append(ep)
             self._by_key[ep.engine_rid] = ep
-            self._call(ep, "reset", lambda: self._reset(cls, spec.example), spec.step_timeout_s)
+            self._call(ep, "reset", lambda: self._reset(cls, spec.example, spec.options), spec.step_timeout_s)
         self._requests[request_id] = (params, episodes, spec)
 
-    async def _reset(self, cls, example: dict):
-        env = cls()
+    async def _reset(self, cls, example: dict, options: dict):
+        from tokenflow.envs import make_environment
+
+        env = make_environment(cls, options)
         messages, tools = await asyncio.to_thread(env.reset, example)
         return env, list(messages), list(tools or [])
 

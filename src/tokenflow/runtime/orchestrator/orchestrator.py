@@ -40,7 +40,9 @@ from tokenflow.runtime.orchestrator.step_metrics import (
     EngineClock, LiveFigures, batch_metrics, engine_metrics, sync_metrics,
 )
 from tokenflow.runtime.run.run_dir import RunDir
+from tokenflow.runtime.run.samples import SampleLog
 from tokenflow.runtime.view.progress import Progress
+from tokenflow.runtime.view.summary import older_than
 from tokenflow.runtime.workers import messages as M
 from tokenflow.runtime.workers.memory_watch import peaks_gb
 from tokenflow.scoring.overlong import shape_overlong
@@ -74,6 +76,7 @@ class Orchestrator:
         self.cfg, self.backend, self.task, self.scorer, self.logger = cfg, backend, task, scorer, logger
         eval_params = SamplingParams(temperature=0.0, max_tokens=s.max_tokens, stop=tuple(s.stop))
         self.heldout = HeldOutEval(task, cfg.run.eval_limit, eval_params, self._send, scorer)
+        self.samples = SampleLog(run_dir.samples, tokenizer, cfg.run.samples_per_step)  # samples.jsonl
         self.checkpoints = Checkpointer(state, backend)
         self.healer = Healer(state, backend, scorer=scorer, checkpoints=self.checkpoints, heldout=self.heldout)
         self.inbox = Inbox(state, backend, scorer=scorer, heldout=self.heldout, checkpoints=self.checkpoints,
@@ -173,6 +176,7 @@ class Orchestrator:
                             f"fix the reward function {self.task.reward_spec!r}, then resume")
         sync = sync_due(step, self.cfg.sync.every, self.cfg.run.steps)
         prompt_ids = [g[0].prompt_id for g in batch]
+        self.samples.train(step, batch, s.prompts, s.step)
         for g in batch:
             s.prompts.pop(g[0].group_id, None)
         dropped, s.dropped_prompt_ids = s.dropped_prompt_ids, []
@@ -225,7 +229,8 @@ class Orchestrator:
         self.ledger.flush()
         s.last_progress = {"reward": metrics.get("reward/mean"),
                            "age_mean": metrics.get("offpolicy/token_age_mean", 0.0),
-                           "age_max": metrics.get("offpolicy/token_age_max", 0.0)}
+                           "age_max": metrics.get("offpolicy/token_age_max", 0.0),
+                           "over_k": older_than(s.buffer.stats.age_histogram, self.cfg.rollout.max_staleness)}
         self.show_live()
         self.progress.update(s.step, s.last_progress)
         every = self.cfg.run.checkpoint_every
@@ -248,6 +253,7 @@ class Orchestrator:
         return self._eval_result()
 
     def _eval_result(self) -> float:
+        self.samples.heldout(self.state.step, self.heldout.prompts, self.heldout.scored)
         self.state.last_eval = acc = self.heldout.finish()
         self.progress.set(accuracy=(acc, self.state.step))
         return acc
@@ -323,8 +329,10 @@ class Orchestrator:
             train_wall = s.wall_s()
             phases.mark("window_end")
             # The trainer is idle from here: it writes the final checkpoint while the engines load
-            # the last weights and the held-out evaluation runs.
-            self.checkpoints.begin()
+            # the last weights and the held-out evaluation runs. A smoke run may skip it
+            # (run.final_checkpoint = false: a resume starts from the last periodic one).
+            if cfg.run.final_checkpoint:
+                self.checkpoints.begin()
             self.wait_for(lambda: min(s.engine_versions.values()) >= s.step, "the final weights")
             phases.mark("final_weights_loaded")
             self.backend.broadcast(M.AbortKind("train"))

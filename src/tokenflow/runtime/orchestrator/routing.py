@@ -32,7 +32,7 @@ def episode_spec(cfg, prompt):
 
     e = cfg.episode
     return EpisodeSpec(cfg.task.env, prompt.example, e.max_turns, e.max_total_tokens, e.step_timeout_s,
-                       agent=cfg.task.agent, agent_timeout_s=e.agent_timeout_s)
+                       agent=cfg.task.agent, agent_timeout_s=e.agent_timeout_s, options=dict(cfg.task.options))
 
 
 def send_generate(state: RunState, backend: Backend, gid: int, prompt, kind: str, params, kept: tuple = ()) -> None:

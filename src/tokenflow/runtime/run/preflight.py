@@ -145,6 +145,8 @@ def check_reward(task) -> None:
         pass  # no signature to inspect (a builtin): the call below tells
     try:
         out = fn(prompt.text, "", prompt.example)
+    except ImportError as e:  # a library it needs is missing (an extra not installed): every sample would fail
+        raise InputError(f"reward function {spec!r} cannot run: {e}") from None
     except Exception as e:  # noqa: BLE001 - an empty completion may legitimately be unscorable
         log.warning("reward function %s raised on an empty completion for a real prompt (%s: %s); "
                     "samples it raises on are marked failed", spec, type(e).__name__, e)
@@ -162,7 +164,7 @@ def check_environment(task, tokenizer) -> None:
     from tokenflow.envs import BridgeError, ChatBridge
 
     prompt = (task.eval_prompts() or [task.train_prompt(0)])[0]
-    env = task.env_cls()
+    env = task.make_env()
     try:
         try:
             messages, tools = env.reset(prompt.example)
@@ -174,6 +176,10 @@ def check_environment(task, tokenizer) -> None:
             bridge.prompt_ids(messages)
         except BridgeError as e:
             raise InputError(f"task.env {task.env_spec}: {e}") from None
+        if tools:  # a template that drops them trains the episodes without them: said once, here
+            from tokenflow.envs.template_tools import warn_dropped_tools
+
+            warn_dropped_tools(tokenizer, f"environment {task.env_spec}")
         check = bridge.prefix_check()
         if check.ok:
             log.info("chat template: %s", check.reason)

@@ -6,6 +6,7 @@
       metrics.jsonl        one line per optimizer step (and eval rows)
       prompts.jsonl        the prompt ids each step consumed, and dynamic sampling's dropped ones (exact accounting across resume)
       rollouts.jsonl       every consumed rollout, with run.save_rollouts = true
+      samples.jsonl        decoded samples: a few per step, every held-out one (runtime/run/samples.py)
       workers.json         name → pid of each worker process of the current invocation
       engines.jsonl        engines joining and leaving, and every weight load per engine (Ray)
       control/             requests to the live run (`tokenflow engines`, runtime/run/control.py)
@@ -168,6 +169,7 @@ class RunDir:
     metrics = property(lambda self: self.root / "metrics.jsonl")
     ledger = property(lambda self: self.root / "prompts.jsonl")
     rollouts = property(lambda self: self.root / "rollouts.jsonl")
+    samples = property(lambda self: self.root / "samples.jsonl")
     workers = property(lambda self: self.root / "workers.json")
     engines_log = property(lambda self: self.root / "engines.jsonl")
     summary = property(lambda self: self.root / "summary.json")
@@ -216,8 +218,8 @@ class RunDir:
 
     def reset(self) -> None:
         """Forget everything a run that never checkpointed did (it starts again from step 0)."""
-        for path in (self.metrics, self.ledger, self.rollouts, self.summary, self.calibration, self.workers,
-                     self.engines_log):
+        for path in (self.metrics, self.ledger, self.rollouts, self.samples, self.summary, self.calibration,
+                     self.workers, self.engines_log):
             path.unlink(missing_ok=True)
         for path in (self.trace_dir, self.root / "tensorboard"):
             shutil.rmtree(path, ignore_errors=True)
@@ -291,6 +293,10 @@ class RunDir:
         state["kept"] = read_inflight(path, state["step"])
         return state, buffer_state
 
+    def _eval_row(self, path: Path, row: dict) -> bool:
+        """A row an evaluation wrote (metrics.jsonl's accuracy, samples.jsonl's held-out samples)."""
+        return (path == self.metrics and "eval/accuracy" in row) or (path == self.samples and row.get("kind") == "eval")
+
     def append_rollouts(self, step: int, rollouts) -> None:
         """Record the rollouts a step consumed (``run.save_rollouts``), one JSON object each."""
         with open_text(self.rollouts, "a") as f:
@@ -307,9 +313,9 @@ class RunDir:
         """Forget rows logged after ``step`` (work the killed run did past its last checkpoint).
         An evaluation logged at ``step`` itself goes too: it ran after the checkpoint was taken,
         and the resumed run evaluates there again."""
-        for path in (self.metrics, self.ledger, self.rollouts):
+        for path in (self.metrics, self.ledger, self.rollouts, self.samples):
             if not path.exists():
                 continue
             rows = [r for r in read_jsonl(path) if r.get("step", 0) < step or (
-                r.get("step", 0) == step and not (path == self.metrics and "eval/accuracy" in r and step > 0))]
+                r.get("step", 0) == step and not (self._eval_row(path, r) and step > 0))]
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -1,13 +1,15 @@
 """Live progress of a run: a two-line rich view on a terminal, periodic plain log lines otherwise.
 
     train ━━━━━━━━━━━━━━━━━━━━ 12/60 0:00:41 eta 0:02:44 acc 0.391 @ step 0
-    reward 0.617  11.5k tok/s  age 1.62 (max 2)  idle: trainer 14%, engine 42%
+    reward 0.617  11.5k tok/s  age 1.62 (max 4, 3%>K)  idle: trainer 14%, engine 42%
 
 Every figure is the current one: accuracy is the latest evaluation and names its step (nothing
 before the first); throughput and idle fractions are over a sliding window of the engines'
 cumulative counters (``tokenflow.runtime.orchestrator.step_metrics.LiveFigures``), so the rate does not drop
-to 0 between their once-a-second reports; age is that of the last batch. The view fits 80
-columns. While it is up, log records (the workers' too, see ``LogForwarder``) print above it
+to 0 between their once-a-second reports; age is that of the last batch, and "3%>K" the share
+of the run's trained tokens older than ``rollout.max_staleness`` (an admission bound, not an age
+bound: a straggler overtaken by younger groups is trained older; shown only when there are
+some). The view fits 80 columns. While it is up, log records (the workers' too, see ``LogForwarder``) print above it
 through rich's console handler instead of tearing it.
 """
 
@@ -32,7 +34,9 @@ def format_figures(info: dict) -> str:
     if info.get("tokens_per_s") is not None:
         parts.append(f"{_rate(info['tokens_per_s'])} tok/s")
     if info.get("age_mean") is not None:
-        parts.append(f"age {info['age_mean']:.2f} (max {info['age_max']:.0f})")
+        # max_staleness bounds admission, not age: say how much of the run trained older than it.
+        over = f", {info['over_k']:.0%}>K" if info.get("over_k") else ""
+        parts.append(f"age {info['age_mean']:.2f} (max {info['age_max']:.0f}{over})")
     idle = [f"{who} {100 * info[key]:.0f}%" for who, key in (("trainer", "trainer_idle"), ("engine", "engine_idle"))
             if info.get(key) is not None]
     if idle:

@@ -13,13 +13,26 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
-def _age(histogram: dict) -> str:
+def older_than(histogram: dict, k: int) -> float:
+    """Share of the consumed tokens in ``histogram`` (age → count) more than ``k`` versions old."""
+    counts = {int(a): int(c) for a, c in (histogram or {}).items()}
+    total = sum(counts.values())
+    return sum(c for a, c in counts.items() if a > k) / total if total else 0.0
+
+
+def _age(histogram: dict, k: int | None = None) -> str:
+    """Mean and max token age; with the staleness budget ``k``, the share trained older than it
+    (``max_staleness`` bounds admission, not age: a straggler overtaken by younger groups waits)."""
     counts = {int(a): int(c) for a, c in (histogram or {}).items()}
     total = sum(counts.values())
     if not total:
         return "–"
     mean = sum(a * c for a, c in counts.items()) / total
-    return f"mean {mean:.2f}, max {max(counts)} versions behind"
+    text = f"mean {mean:.2f}, max {max(counts)} versions behind"
+    if k is not None and max(counts) > k:
+        text += (f"; {older_than(counts, k):.1%} older than max_staleness {k} (an admission bound; "
+                 "algorithm.max_token_age drops them, rollout.batch_order = \"admission\" waits for them)")
+    return text
 
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
@@ -29,7 +42,7 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     if base is not None and final is not None:
         acc += f"  ({final - base:+.3f})"
     mode = summary.get("mode", "async")
-    how = "synchronous" if mode == "sync" else f"async, staleness ≤ {summary.get('max_staleness')}"
+    how = "synchronous" if mode == "sync" else f"async, admission bound max_staleness {summary.get('max_staleness')}"
     train_wall = summary.get("train_wall_s") or 0.0
     wall = summary.get("wall_s") or 0.0
     tokens = summary.get("tokens_generated") or 0
@@ -40,7 +53,7 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("steps", f"{summary.get('steps')} ({how}, {summary.get('update_mode')} weight updates)"),
         ("wall time", f"{summary.get('wall_s', 0):.1f} s  (training window {train_wall:.1f} s)"),
         ("idle", f"trainer {_pct(summary.get('trainer_idle_frac'))}, engine {_pct(summary.get('engine_idle_frac'))}"),
-        ("token age", _age(summary.get("token_age_histogram"))),
+        ("token age", _age(summary.get("token_age_histogram"), summary.get("max_staleness"))),
         ("throughput", f"{tokens:,.0f} tokens generated{rate}"),
     ]
     if summary.get("last_reward_mean") is not None:
