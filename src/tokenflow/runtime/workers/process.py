@@ -9,7 +9,9 @@ the worker's peak resident memory, and says whether the kernel's out-of-memory k
 
 A worker's log records do not go to its own stderr, where they would tear the parent's live
 progress bar: a ``QueueHandler`` sends them to the parent, where :class:`LogForwarder` hands each
-to the parent's logging (and so to the console handler that prints above the bar).
+to the parent's logging (and so to the console handler that prints above the bar). What the
+worker writes to its stdout and stderr directly travels the same way, as records
+(`tokenflow.runtime.workers.output_capture`).
 """
 
 from __future__ import annotations
@@ -59,11 +61,19 @@ def _forwarded_entry(log_q, level: int, target, args: tuple, env: dict | None = 
     from tokenflow.runtime.workers.os_environ import apply_environment
 
     apply_environment(env)
-    if log_q is not None:
-        root = logging.getLogger()
-        root.handlers[:] = [logging.handlers.QueueHandler(log_q)]
-        root.setLevel(level)
-    target(*args)
+    if log_q is None:
+        target(*args)
+        return
+    from tokenflow.runtime.workers.output_capture import capture_worker_output
+
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(log_q)]
+    root.setLevel(level)
+    capture = capture_worker_output()  # what the worker prints directly becomes records too
+    try:
+        target(*args)
+    finally:
+        capture.close()
 
 
 class LogForwarder:
