@@ -64,7 +64,7 @@ class Progress:
         self.status_text: str | None = None
         self._every = max(1, total // 20)
         self._bar = None
-        self._swapped: list[tuple[logging.Handler, logging.Handler]] = []
+        self._swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
         if self.live:
             self._start_live()
 
@@ -93,20 +93,24 @@ class Progress:
         self._bar.start()
 
     def _route_logging(self, console) -> None:
-        """Swap the root logger's stderr stream handlers for rich's, on the bar's console, so that
-        records print above the bar; ``close`` swaps them back."""
+        """Swap every stderr stream handler for rich's, on the bar's console, so that records
+        print above the bar; ``close`` swaps them back. Not only the root logger's: a library
+        can keep its own handler (transformers does, with propagation off), which would write
+        through the bar."""
         from rich.logging import RichHandler
 
-        root = logging.getLogger()
-        for h in list(root.handlers):
-            if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__):
-                rich_handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S",
-                                           markup=False, rich_tracebacks=False)
-                rich_handler.setLevel(h.level)
-                rich_handler.setFormatter(logging.Formatter("%(message)s"))
-                root.removeHandler(h)
-                root.addHandler(rich_handler)
-                self._swapped.append((h, rich_handler))
+        loggers = [logging.getLogger()] + [lg for lg in list(logging.root.manager.loggerDict.values())
+                                            if isinstance(lg, logging.Logger)]
+        for logger in loggers:
+            for h in list(logger.handlers):
+                if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__):
+                    rich_handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S",
+                                               markup=False, rich_tracebacks=False)
+                    rich_handler.setLevel(h.level)
+                    rich_handler.setFormatter(logging.Formatter("%(message)s"))
+                    logger.removeHandler(h)
+                    logger.addHandler(rich_handler)
+                    self._swapped.append((logger, h, rich_handler))
 
     def status(self, text: str | None) -> None:
         """A passing state ("evaluating the starting model"); None returns to the figures."""
@@ -139,8 +143,7 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        root = logging.getLogger()
-        for original, rich_handler in self._swapped:
-            root.removeHandler(rich_handler)
-            root.addHandler(original)
+        for logger, original, rich_handler in self._swapped:
+            logger.removeHandler(rich_handler)
+            logger.addHandler(original)
         self._swapped = []
