@@ -51,3 +51,9 @@ def test_engines_that_joined_or_left_get_a_row():
     rows = dict(summary_rows({**SUMMARY, "engines": {
         "added": ["engine2"], "removed": ["engine0"], "readmitted_groups": 4, "final": ["engine1", "engine2"]}}))
     assert rows["engines"] == "added engine2, removed engine0 (4 groups re-sent); at the end engine1, engine2"
+
+
+def test_each_workers_peak_memory_is_shown():
+    rows = dict(summary_rows({**SUMMARY, "peak_rss_gb": {"trainer": 2.345, "engine-0": 0.6}}))
+    assert rows["peak memory"] == "engine-0 0.60 GB, trainer 2.35 GB resident"
+    assert "peak memory" not in dict(summary_rows(SUMMARY))  # a backend that does not sample it (Ray)

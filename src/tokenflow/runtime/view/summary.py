@@ -58,6 +58,10 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     ]
     if summary.get("last_reward_mean") is not None:
         rows.append(("last reward", f"{summary['last_reward_mean']:.3f} (mean of the last batch)"))
+    peaks = summary.get("peak_rss_gb") or {}
+    if peaks:  # each worker's peak resident memory, sampled through the run (memory_watch)
+        rows.append(("peak memory", ", ".join(f"{w} {gb:.2f} GB" for w, gb in sorted(peaks.items()))
+                     + " resident"))
     engines = summary.get("engines") or {}
     if engines.get("added") or engines.get("removed"):  # engines joined or left (Ray, runtime.elastic)
         rows.append(("engines", f"added {', '.join(engines['added']) or 'none'}, removed "
