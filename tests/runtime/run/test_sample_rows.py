@@ -44,3 +44,22 @@ def test_a_resume_drops_the_samples_after_its_checkpoint(tmp_path):
     run.samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run.truncate_after(2)
     assert read_jsonl(run.samples) == rows[:3]
+
+
+def test_a_first_step_whose_every_reward_is_0_shows_what_the_model_wrote(tmp_path, caplog):
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    ids = tokenizer.encode("12", add_special_tokens=False)
+
+    def group(gid, reward):
+        return [Rollout([1], ids, [0.0] * len(ids), [0] * len(ids), group_id=gid, prompt_id=gid, reward=reward,
+                        rewards={"reward": reward}, text=f"I think\nit is 1{gid}") for _ in range(2)]
+
+    log = SampleLog(tmp_path / "samples.jsonl", tokenizer, per_step=1)
+    prompts = {g: Prompt(id=g, text="7+5=", example={}) for g in range(3)}
+    with caplog.at_level("INFO", logger="tokenflow"):
+        log.train(1, [group(0, 0.0), group(1, 0.0)], prompts, trainer_version=0)
+        log.train(2, [group(0, 0.0), group(2, 1.0)], prompts, trainer_version=1)  # a reward: nothing to show
+        log.train(4, [group(0, 0.0)], prompts, trainer_version=3)  # past the first steps
+    shown = [r.getMessage() for r in caplog.records if "what the model wrote" in r.getMessage()]
+    assert shown == [f"every reward of step 1 is 0; what the model wrote (tokenflow samples {tmp_path}):\n"
+                     "  I think ⏎ it is 10"]

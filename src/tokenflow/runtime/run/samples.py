@@ -20,10 +20,17 @@ the run folder's link-safe helpers.
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 
 from tokenflow.metrics.safe_files import open_text
+
+log = logging.getLogger("tokenflow")
+
+SHOW_ZERO_REWARD_STEPS = 3
+"""In its first steps, a run whose every reward is 0 shows one completion (what the model
+wrote is the first thing to look at: an answer in the wrong form scores 0 however right)."""
 
 
 def pick(rollouts: list, k: int) -> list:
@@ -66,9 +73,21 @@ class SampleLog:
 
     def train(self, step: int, batch: list[list], prompts: dict, trainer_version: int) -> None:
         """A few of the batch that trains ``step``; ``prompts``: group id → the task's Prompt."""
-        chosen = pick([r for g in batch for r in g], self.per_step)
-        self._write([self.row(step, "train", getattr(prompts.get(r.group_id), "text", ""), r, trainer_version)
-                     for r in chosen])
+        rollouts = [r for g in batch for r in g]
+        chosen = pick(rollouts, self.per_step)
+        rows = [self.row(step, "train", getattr(prompts.get(r.group_id), "text", ""), r, trainer_version)
+                for r in chosen]
+        self._write(rows)
+        if step <= SHOW_ZERO_REWARD_STEPS and rollouts and all(not r.reward for r in rollouts):
+            shown = rows[0] if rows else self.row(step, "train", "", rollouts[0], trainer_version)
+            log.info("every reward of step %d is 0; what the model wrote (tokenflow samples %s):\n  %s", step,
+                     self.path.parent, one_line(shown["completion"]))
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A completion on one line (newlines shown as ⏎), cut at ``limit`` characters."""
+    flat = text.replace("\n", " ⏎ ").strip()
+    return flat if len(flat) <= limit else flat[:limit] + " …"
 
     def heldout(self, step: int, prompts: list, scored: dict) -> None:
         """Every sample of an evaluation round: ``scored`` maps group id ``-(i + 1)`` to the
