@@ -83,12 +83,6 @@ class SampleLog:
             log.info("every reward of step %d is 0; what the model wrote (tokenflow samples %s):\n  %s", step,
                      self.path.parent, one_line(shown["completion"]))
 
-
-def one_line(text: str, limit: int = 300) -> str:
-    """A completion on one line (newlines shown as ⏎), cut at ``limit`` characters."""
-    flat = text.replace("\n", " ⏎ ").strip()
-    return flat if len(flat) <= limit else flat[:limit] + " …"
-
     def heldout(self, step: int, prompts: list, scored: dict) -> None:
         """Every sample of an evaluation round: ``scored`` maps group id ``-(i + 1)`` to the
         scored group of ``prompts[i]``."""
@@ -97,3 +91,9 @@ def one_line(text: str, limit: int = 300) -> str:
             for r in group or ():
                 rows.append(self.row(step, "eval", prompts[-gid - 1].text, r, step))
         self._write(rows)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A completion on one line (newlines shown as ⏎), cut at ``limit`` characters."""
+    flat = text.replace("\n", " ⏎ ").strip()
+    return flat if len(flat) <= limit else flat[:limit] + " …"
