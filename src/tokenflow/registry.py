@@ -180,9 +180,11 @@ AGGREGATIONS = Registry("aggregation mode", "algorithm.aggregation")
 """``fn(mask, seq_index, seq_tokens, counts, max_completion_tokens) -> per-token weights``; see
 :mod:`tokenflow.algorithms.aggregation`."""
 
-TASKS = Registry("task", "task.name")
+TASKS = Registry("task", "task.name", defaults={"settings": None})
 """``factory(TaskConfig) -> Task``; see :mod:`tokenflow.tasks.base`. Tasks other than "env" and
-"dataset" refuse ``task.env`` (checked by ``TaskConfig``)."""
+"dataset" refuse ``task.env`` (checked by ``TaskConfig``). Property: ``settings``, a dict of
+``task.*`` defaults the task wants where the config leaves them out (reasoning_gym: the chat
+template and the answer format as system prompt)."""
 
 SCORERS = Registry("scorer", "task.reward")
 """Reward functions ``fn(prompt, completion, example) -> float | dict``, named by ``task.reward``
@@ -242,6 +244,98 @@ def _dataset_check(task) -> None:
         raise ValueError('task.name = "dataset" needs task.reward = "module:function"')
 
 
+RG_SYSTEM_PROMPT = ("Answer the question. Think briefly, then give only the final answer inside "
+                    "<answer></answer> tags, for example <answer>42</answer>.")
+"""The default ``task.system_prompt`` of task.name = "reasoning_gym": its default answer rule
+reads ``<answer>`` tags (tokenflow.tasks.reasoning_gym)."""
+_RG_OPTIONS = ("dataset", "config", "datasets", "answer")
+_RG_ANSWERS = ("tags", "last_line", "boxed", "whole", "last_number")  # tokenflow.tasks.reasoning_gym.ANSWER_RULES
+
+
+def _rg_config_check(where: str, config: Any) -> None:
+    if not isinstance(config, dict):
+        raise ValueError(f"{where} must be a table of the dataset's config keywords, not {config!r}")
+    owned = sorted({"seed", "size"} & set(config))
+    if owned:
+        raise ValueError(f"{where} sets {', '.join(owned)}: the prompt stream is unbounded and seeded by "
+                         "task.seed; remove them")
+
+
+def _reasoning_gym_check(task) -> None:
+    """The shape of [task.options]; the dataset names and configs are checked against the library
+    when the task is built (tokenflow.tasks.reasoning_gym), so validating a config imports nothing."""
+    from importlib.util import find_spec
+
+    if find_spec("reasoning_gym") is None:
+        raise ValueError('task.name = "reasoning_gym" needs the reasoning-gym library: '
+                         'pip install "tokenflow-rl[envs]"')
+    if task.reward or task.train_path or task.eval_path:
+        raise ValueError('task.name = "reasoning_gym" draws its prompts from reasoning-gym and scores them with '
+                         "the dataset's own scorer; remove task.reward, task.train_path and task.eval_path")
+    opts = task.options
+    unknown = sorted(set(opts) - set(_RG_OPTIONS))
+    if unknown:
+        hint = " (the system prompt is task.system_prompt)" if "system_prompt" in unknown else ""
+        raise ValueError(f"task.options: reasoning_gym takes no option {', '.join(map(repr, unknown))}{hint}; "
+                         f"it takes {', '.join(_RG_OPTIONS)}")
+    if ("dataset" in opts) == ("datasets" in opts):
+        raise ValueError('task.name = "reasoning_gym" needs exactly one of task.options.dataset = "name" (with '
+                         "task.options.config = {...}) and task.options.datasets = {name = {weight = w, "
+                         "config = {...}}, ...}")
+    if "dataset" in opts:
+        if not isinstance(opts["dataset"], str):
+            raise ValueError(f"task.options.dataset must be a reasoning-gym dataset name, not {opts['dataset']!r}")
+        _rg_config_check("task.options.config", opts.get("config", {}))
+    else:
+        if "config" in opts:
+            raise ValueError("task.options.config goes with task.options.dataset; with a mixture, give each "
+                             "dataset its own: datasets = {name = {weight = w, config = {...}}}")
+        if not isinstance(opts["datasets"], dict) or not opts["datasets"]:
+            raise ValueError("task.options.datasets must be a non-empty table {name = {weight = w, config = {...}}}")
+        for name, spec in opts["datasets"].items():
+            where = f"task.options.datasets.{name}"
+            if not isinstance(spec, dict) or set(spec) - {"weight", "config"}:
+                raise ValueError(f"{where} must be a table with weight and/or config, not {spec!r}")
+            weight = spec.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+                raise ValueError(f"{where}.weight must be a positive number, not {weight!r}")
+            _rg_config_check(f"{where}.config", spec.get("config", {}))
+    if opts.get("answer", "tags") not in _RG_ANSWERS:
+        raise ValueError(f"task.options.answer = {opts['answer']!r} is not an answer rule; use one of "
+                         f"{', '.join(_RG_ANSWERS)}")
+
+
+VF_SETTINGS = {"env": "tokenflow.envs.verifiers_env:VerifiersEnv", "agent": "tokenflow.envs.verifiers_env:play"}
+"""What task.name = "verifiers" is: an agent task whose examples, rubric and agent are
+tokenflow's verifiers adapter (tokenflow.envs.verifiers_env); the environment is an option."""
+_VF_OPTIONS = ("env", "args", "env_config", "renderer_model", "eval_size", "limit")
+
+
+def _verifiers_check(task) -> None:
+    from importlib.util import find_spec
+
+    if find_spec("verifiers") is None:
+        raise ValueError('task.name = "verifiers" needs the verifiers library: pip install "tokenflow-rl[verifiers]"')
+    for key, value in VF_SETTINGS.items():
+        if getattr(task, key) != value:
+            raise ValueError(f'task.name = "verifiers" sets task.{key} itself; remove task.{key}')
+    if task.train_path or task.eval_path:
+        raise ValueError('task.name = "verifiers" takes its tasks from the verifiers environment; remove '
+                         "task.train_path and task.eval_path")
+    _env_settings_check(task)
+    opts = task.options
+    unknown = sorted(set(opts) - set(_VF_OPTIONS))
+    if unknown:
+        raise ValueError(f"task.options: verifiers takes no option {', '.join(map(repr, unknown))}; it takes "
+                         f"{', '.join(_VF_OPTIONS)}")
+    if not isinstance(opts.get("env"), str) or not opts["env"]:
+        raise ValueError('task.name = "verifiers" needs task.options.env = "<taskset id or folder>" (and its '
+                         "arguments as task.options.args = {...})")
+    for key in ("args", "env_config"):
+        if not isinstance(opts.get(key, {}), dict):
+            raise ValueError(f"task.options.{key} must be a table, not {opts[key]!r}")
+
+
 _A = "tokenflow.algorithms.advantages:"
 ADVANTAGES.add("grpo", _A + "grpo")
 ADVANTAGES.add("dr_grpo", _A + "dr_grpo", check=_dr_grpo_check)
@@ -264,6 +358,10 @@ AGGREGATIONS.add("dr_grpo_constant", _G + "dr_grpo_constant", check=_dr_grpo_con
 TASKS.add("arithmetic", "tokenflow.tasks.arithmetic:from_config", check=_no_options)
 TASKS.add("dataset", "tokenflow.envs.task:from_dataset_config", check=_dataset_check)
 TASKS.add("env", "tokenflow.envs.task:from_config", check=_env_check)
+TASKS.add("reasoning_gym", "tokenflow.tasks.reasoning_gym:from_config", check=_reasoning_gym_check,
+          settings={"chat_template": True, "system_prompt": RG_SYSTEM_PROMPT})  # the `envs` extra
+TASKS.add("verifiers", "tokenflow.envs.task:from_config", check=_verifiers_check,
+          settings=VF_SETTINGS)  # the `verifiers` extra
 
 SCORERS.add("arithmetic", "tokenflow.tasks.arithmetic:arithmetic_reward")
 SCORERS.add("math_verify", "tokenflow.scoring.math_reward:math_verify_reward")  # the `math` extra

@@ -106,6 +106,15 @@ class Rollout:
     """On request (``SamplingParams.logprobs = N``): per completion token, the N most likely
     tokens (int32, most likely first) and their log-probs (float32, on the scale of
     ``logprobs``). Environment tokens have empty arrays. None when not asked for."""
+    prompt_logprobs: np.ndarray | None = None
+    """On request (``SamplingParams.prompt_logprobs``): per prompt token, float32, its log-prob
+    ``log_softmax(logits)`` given the tokens before it (NaN for the first, which has no context).
+    None when not asked for."""
+    prompt_top_ids: np.ndarray | None = None
+    """With ``SamplingParams.prompt_logprobs = K > 0``: [len(prompt), K] int32, the K most likely
+    tokens at each prompt position, most likely first (-1 in the first row)."""
+    prompt_top_logprobs: np.ndarray | None = None
+    """Their log-probs, [len(prompt), K] float32 (NaN in the first row)."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = _i32(self.prompt_ids)
@@ -135,6 +144,7 @@ class Rollout:
             if len(self.top_logprobs) != n:
                 raise ValueError(f"Rollout.top_logprobs has {len(self.top_logprobs)} entries but the "
                                  f"completion has {n} tokens")
+        self._check_prompt_logprobs()
         if self.support is not None and len(self.support) != n:
             raise ValueError(
                 f"Rollout.support has {len(self.support)} entries but the completion has {n} tokens"
@@ -147,6 +157,23 @@ class Rollout:
                     f"Rollout.routed_experts has shape {self.routed_experts.shape} but must be "
                     f"[{want}, moe_layers, top_k]: one row per input token (prompt + completion − 1)"
                 )
+
+    def _check_prompt_logprobs(self) -> None:
+        p = len(self.prompt_ids)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = _f32(self.prompt_logprobs)
+            if len(self.prompt_logprobs) != p:
+                raise ValueError(f"Rollout.prompt_logprobs has {len(self.prompt_logprobs)} entries but the "
+                                 f"prompt has {p} tokens")
+        if (self.prompt_top_ids is None) != (self.prompt_top_logprobs is None):
+            raise ValueError("Rollout.prompt_top_ids and prompt_top_logprobs come together")
+        if self.prompt_top_ids is not None:
+            self.prompt_top_ids = np.asarray(self.prompt_top_ids, dtype=np.int32)
+            self.prompt_top_logprobs = np.asarray(self.prompt_top_logprobs, dtype=np.float32)
+            if (self.prompt_top_ids.ndim != 2 or len(self.prompt_top_ids) != p
+                    or self.prompt_top_ids.shape != self.prompt_top_logprobs.shape):
+                raise ValueError(f"Rollout.prompt_top_ids/prompt_top_logprobs must both be [{p}, K], got "
+                                 f"{self.prompt_top_ids.shape} and {self.prompt_top_logprobs.shape}")
 
     @property
     def num_tokens(self) -> int:
@@ -214,6 +241,7 @@ class Rollout:
             token_rewards=_joined(self.token_rewards, other.token_rewards, self.num_tokens, other.num_tokens),
             turns=_joined(self.turns, other.turns, self.num_tokens, other.num_tokens),
             top_logprobs=top,
+            **_prompt_scores(self if self.prompt_logprobs is not None else other),
         )
 
     def append_environment(self, ids) -> "Rollout":
@@ -284,3 +312,9 @@ def _joined(a: np.ndarray | None, b: np.ndarray | None, len_a: int, len_b: int) 
     dtype = (a if a is not None else b).dtype
     return np.concatenate([a if a is not None else np.zeros(len_a, dtype),
                            b if b is not None else np.zeros(len_b, dtype)])
+
+
+def _prompt_scores(r: Rollout) -> dict:
+    """The prompt log-prob fields of ``r`` (a continuation keeps whichever side has them)."""
+    return {"prompt_logprobs": r.prompt_logprobs, "prompt_top_ids": r.prompt_top_ids,
+            "prompt_top_logprobs": r.prompt_top_logprobs}

@@ -506,3 +506,23 @@ def test_stats_count_generated_tokens(engine):
     groups = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=7, seed=1, ignore_eos=True))
     assert engine.stats.tokens_generated - before == sum(r.num_tokens for g in groups for r in g) == 28
     assert engine.num_running == 0 and engine.num_waiting == 0
+
+
+def test_prompt_logprobs_are_the_models(engine, model_dir):
+    """``SamplingParams.prompt_logprobs``: each prompt token's log-prob given the ones before it
+    (NaN for the first) and the top alternatives, as transformers computes them."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt = PROMPTS[0] + [11, 12, 13]
+    (r,) = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, :-1].double(), -1)
+    want = ref.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].numpy()
+    tol = LOGPROB_TOL[engine.backend_name]
+    assert np.isnan(r.prompt_logprobs[0]) and np.abs(r.prompt_logprobs[1:] - want).max() <= tol
+    values, ids = ref.topk(3, -1)
+    assert np.abs(r.prompt_top_logprobs[1:] - values.numpy()).max() <= tol
+    assert r.prompt_top_ids.shape == (len(prompt), 3) and (r.prompt_top_ids[1:, 0] == ids[:, 0].numpy()).all()
+    (plain,) = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=2))[0]
+    assert plain.prompt_logprobs is None and plain.prompt_top_ids is None

@@ -71,6 +71,8 @@ def _at_the_root(monkeypatch):
 def test_every_example_config_loads(path):
     from tokenflow.sim.loading import load_config as load_sim_config
 
+    if "reasoning_gym" in path:
+        pytest.importorskip("reasoning_gym")  # the `envs` extra
     if "simulate" in path:
         load_sim_config(path)
     else:

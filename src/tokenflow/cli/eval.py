@@ -137,9 +137,13 @@ def run(args, overrides: list[str] | None = None) -> int:
     from tokenflow.tasks import build_task
     from tokenflow.tasks.prompts import prompt_encoder
 
+    try:  # before the engine: a task its library refuses (an unknown dataset) is one line, at once
+        task = build_task(cfg.task)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     engine_cfg = cfg.engine.model_copy(update={"threads": args.threads or cfg.engine.threads})
     engine = make_engine(model, engine_cfg)
-    task = build_task(cfg.task)
     limit = args.limit or cfg.run.eval_limit
     n = len(task.eval_prompts()[:limit])
     if getattr(cfg.task, "env", None):

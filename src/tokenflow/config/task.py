@@ -13,8 +13,9 @@ from tokenflow.config.base import ConfigModel
 class TaskConfig(ConfigModel):
     name: str = "arithmetic"
     """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),
-    "env" (multi-turn episodes of ``env``, examples drawn from the environment class), or a task a
-    plugin registers (docs/plugins.md)."""
+    "env" (multi-turn episodes of ``env``, examples drawn from the environment class),
+    "reasoning_gym" (a reasoning-gym dataset named in ``options``; docs/reasoning_gym.md), or a
+    task a plugin registers (docs/plugins.md)."""
     seed: int = 0
     """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
     num_eval: int = Field(default=256, ge=1)
@@ -48,7 +49,24 @@ class TaskConfig(ConfigModel):
     """Settings, as a table (``[task.options]``): of a plugin task, or with ``env`` of the
     environment class (passed by keyword to its constructor and its ``train_example`` /
     ``eval_examples``, each getting the keys its signature names; docs/environments.md,
-    "Options"). Other built-in tasks take none."""
+    "Options"), or of reasoning_gym (``dataset``/``config`` or ``datasets``, ``answer``). Other
+    built-in tasks take none."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_settings(cls, data: Any) -> Any:
+        """The defaults the chosen task declares (its registry entry's ``settings``) for the keys
+        the config leaves out: a task that needs a chat template and a system prompt works in one
+        line, and the run's saved config shows what it used."""
+        from tokenflow.registry import TASKS, UnknownName
+
+        if not isinstance(data, dict):
+            return data
+        try:
+            settings = TASKS.props(data.get("name", "arithmetic"))["settings"]
+        except (UnknownName, TypeError):  # the name's own validator says what is wrong with it
+            return data
+        return {**(settings or {}), **data}
 
     @field_validator("name")
     @classmethod
@@ -67,7 +85,7 @@ class TaskConfig(ConfigModel):
                              'from an Environment class (e.g. task.env = "tokenflow.envs.calculator:CalculatorEnv")')
         if self.agent and ":" not in self.agent:
             raise ValueError(f"task.agent = {self.agent!r} must be 'module:function' or 'path/to/file.py:function'")
-        if self.env and self.name not in ("env", "dataset"):
+        if self.env and self.name not in ("env", "dataset", "verifiers"):  # verifiers: its own env
             raise ValueError(f'task.env is set but task.name = "{self.name}"; use task.name = "env" (examples '
                              'from the environment class) or "dataset" (examples from task.train_path)')
         TASKS.validate(self.name, self)  # what the chosen task needs is declared with it

@@ -45,6 +45,11 @@ class SamplingParams:
     """Also return, per completion token, the ``logprobs`` most likely tokens and their
     log-probs under the distribution the token was drawn from (`Rollout.top_logprobs`);
     0 = off (nothing extra is computed)."""
+    prompt_logprobs: int | None = None
+    """Also return, per prompt token, its log-prob under the model given the tokens before it
+    (``log_softmax(logits)``, temperature and truncation not applied) and, when > 0, the
+    ``prompt_logprobs`` most likely tokens at that position (`Rollout.prompt_logprobs`); from the
+    request's own prefill. None = off. The first prompt token has none (NaN)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +81,9 @@ class SamplingParams:
         if not 0 <= self.logprobs <= vocab_size:
             raise InvalidRequest(f"logprobs must be in [0, {vocab_size}] (the vocabulary; 0 = off), "
                                  f"got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= vocab_size:
+            raise InvalidRequest(f"prompt_logprobs must be None or in [0, {vocab_size}] (the vocabulary), "
+                                 f"got {self.prompt_logprobs}")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidRequest(

@@ -11,6 +11,10 @@
   `tokenflow.runtime.drivers.episodes`).
 * `load_environment` (`loading`) and `EnvTask` (`task`): ``task.env`` in the config.
 * `CalculatorEnv` (`calculator`): the built-in example the shipped tool model learns.
+* `GymEnv` (`gym_adapter`): Gym-style text environments (gymnasium, TextArena, SkyRL-gym) named
+  in ``[task.options]``, not imported here (``task.env = "tokenflow.envs.gym_adapter:GymEnv"``).
+* `VerifiersEnv` / `play` (`verifiers_env`): ``task.name = "verifiers"``, verifiers environments
+  played against training sessions (docs/verifiers.md); not imported here, nor verifiers.
 
 See docs/environments.md.
 

@@ -14,8 +14,9 @@
 
 `server` runs the app under uvicorn, in the foreground or in a background thread (a header
 deadline, a connection cap); `limits` holds what a request meets before it runs; `tokenizing` the
-thread that renders chat templates and tokenizes prompts, each job within a time bound. See
-docs/serve.md.
+thread that renders chat templates and tokenizes prompts, each job within a time bound;
+`token_routes` the token-in routes RL clients call (``/inference/v1/generate``,
+``/v1/chat/completions/tokens``; docs/verifiers.md). See docs/serve.md.
 
 May import: layers 1-3 and, of layer 4, ``tokenflow.envs`` (tool calls, the chat bridge); never
 the runtime, which mounts the app for agent sessions.

@@ -34,6 +34,7 @@ from tokenflow.serve.protocol import (
     ModelList,
 )
 from tokenflow.serve.service import CallHook, OpenAIService
+from tokenflow.serve.tokenizer_api import tokenizer_router
 
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths served without the API key (nothing in them reaches the model)."""
@@ -98,7 +99,13 @@ def openai_router(service: OpenAIService, *, prefix: str = "/v1", on_call: CallH
     async def get_model(model: str):
         return service.model(model)
 
-    return router
+    from tokenflow.serve.token_routes import token_router  # token in, token out (verifiers, prime-rl)
+
+    outer = APIRouter()
+    outer.include_router(router)
+    outer.include_router(token_router(service, prefix=prefix, on_call=on_call, tags=tags))
+    outer.include_router(tokenizer_router(service, prefix=prefix, tags=tags))  # /tokenize, ... beside /v1
+    return outer
 
 
 def create_app(engine, model_name: str, *, api_key: str | None = None, on_call: CallHook | None = None,

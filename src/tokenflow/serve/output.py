@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenflow.rollout import Rollout
-from tokenflow.serve.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+from tokenflow.serve.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, TokenLogprob, TopLogprob
 
 LOGPROB_FLOOR = -9999.0
 """What a token outside the sampled support (log-prob -inf) is reported as: JSON has no -inf."""
@@ -95,6 +95,11 @@ class ChoiceOutput:
         self.top = list(rollout.top_logprobs or [])
         return start, self.text.update(self.ids, final=True)
 
+    def drop_generated(self) -> None:
+        """Forget the generated tokens (``max_tokens`` 0: the engine ran one to score the prompt)."""
+        self.ids, self.logprobs, self.top = [], [], []
+        self.text.released = ""
+
     @property
     def finish_reason(self) -> str:
         reason = self.rollout.finish_reason if self.rollout is not None else "length"
@@ -139,3 +144,51 @@ def completion_logprobs(out: ChoiceOutput, start: int, top_n: int, strings: Toke
             tops.append(top)
     return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops if top_n else None,
                               text_offset=offsets)
+
+
+def prompt_logprobs(out: ChoiceOutput, prompt: list[int], top_n: int, strings: TokenStrings) -> CompletionLogprobs:
+    """Completions' log-prob lists for the prompt's tokens (``echo``), from ``out``'s rollout
+    (`Rollout.prompt_logprobs`): the first token has none (null); offsets start at 0."""
+    r = out.rollout
+    tokens, values, tops, offsets = [], [], [], []
+    for k, t in enumerate(prompt):
+        token = strings(t)
+        tokens.append(token)
+        offsets.append(out.text_offset)
+        out.text_offset += len(token)
+        first = k == 0 or r.prompt_logprobs is None
+        values.append(None if first else _value(float(r.prompt_logprobs[k])))
+        if top_n:
+            top: dict[str, float] | None = None
+            if not first and r.prompt_top_ids is not None:
+                top = {}
+                for i, v in zip(r.prompt_top_ids[k, :top_n].tolist(), r.prompt_top_logprobs[k, :top_n].tolist()):
+                    top.setdefault(strings(int(i)), _value(v))
+            tops.append(top)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops if top_n else None,
+                              text_offset=offsets)
+
+
+def joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    """The prompt's lists followed by the completion's."""
+    tops = None if a.top_logprobs is None else a.top_logprobs + (b.top_logprobs or [])
+    return CompletionLogprobs(tokens=a.tokens + b.tokens, token_logprobs=a.token_logprobs + b.token_logprobs,
+                              top_logprobs=tops, text_offset=a.text_offset + b.text_offset)
+
+
+def completion_choice(c: ChoiceOutput, prompt: list[int], body: CompletionRequest, top_n: int,
+                      strings: TokenStrings, echo: str | None) -> CompletionChoice:
+    """A whole (non-streamed) completion choice; ``echo``: the prompt's text, returned first
+    (with its log-probs when asked). ``max_tokens`` 0 drops the token the engine generated."""
+    if body.max_tokens == 0:
+        c.drop_generated()
+    logprobs = None
+    if body.logprobs is not None:
+        head = prompt_logprobs(c, prompt, top_n, strings) if echo is not None else None
+        logprobs = completion_logprobs(c, 0, top_n, strings)
+        logprobs = joined(head, logprobs) if head is not None else logprobs
+    return CompletionChoice(
+        index=c.index, text=(echo or "") + c.text.released, logprobs=logprobs,
+        finish_reason="length" if body.max_tokens == 0 else c.finish_reason,
+        prompt_token_ids=prompt if body.return_token_ids else None,
+        token_ids=c.ids if body.return_token_ids else None)

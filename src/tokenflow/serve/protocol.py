@@ -161,12 +161,15 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     """A text, several texts, token ids, or several lists of token ids (one request each)."""
-    max_tokens: int | None = Field(default=16, ge=1)
-    """Most completion tokens (OpenAI's default, 16; capped at what the context leaves)."""
+    max_tokens: int | None = Field(default=16, ge=0)
+    """Most completion tokens (OpenAI's default, 16; capped at what the context leaves); 0
+    generates nothing (with ``echo``: the prompt is only scored). Not with ``stream``."""
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Return each token's log-prob and this many most likely alternatives."""
-    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
-    """Not supported: accepted only as false."""
+    echo: bool = False
+    """Return the prompt before the completion: ``text`` is prompt + completion and, with
+    ``logprobs``, the lists cover the prompt's tokens first (the first one's log-prob and
+    alternatives null). Not with ``stream``."""
     best_of: int | None = Field(default=None, ge=1)
     """Not supported beyond ``best_of == n``."""
     suffix: str | None = Field(default=None, json_schema_extra={"enum": ["", None]})
@@ -287,8 +290,9 @@ class ChatCompletionChunk(_Response):
 
 class CompletionLogprobs(_Response):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None]
+    """Null only for the first prompt token (``echo``): it has no context."""
+    top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int]
 
 

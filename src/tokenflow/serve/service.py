@@ -35,7 +35,9 @@ from tokenflow.serve.chat import ChatFormat, parse_output
 from tokenflow.serve.driver import DriverClosed, EngineDriver, EngineFailed
 from tokenflow.serve.errors import APIError, bad_request, internal_error, unavailable
 from tokenflow.serve.limits import Admission, EventStream, PromptBound, Turns
-from tokenflow.serve.output import ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_logprobs
+from tokenflow.serve.output import (
+    ChoiceOutput, TextAssembler, TokenStrings, chat_logprobs, completion_choice, completion_logprobs,
+)
 from tokenflow.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -197,8 +199,8 @@ class OpenAIService:
         self._check_open()
         self._check_model(body.model)
         refuse_unsupported(body)
-        if body.echo:
-            raise bad_request("echo is not supported", "echo")
+        if body.stream and (body.echo or body.max_tokens == 0):
+            raise bad_request("echo and max_tokens 0 are not supported with stream", "echo" if body.echo else "max_tokens")
         if body.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if body.best_of is not None and body.best_of != body.n:
@@ -207,8 +209,13 @@ class OpenAIService:
         prompts = await self._off_loop(self._prompt_ids, body.prompt) if text else self._prompt_ids(body.prompt)
         self._check_context(prompts, "prompt")
         top_n = body.logprobs or 0
-        params = [self.sampling(body, request, self._params(body, p, body.max_tokens or 1 << 62, (), top_n))
-                  for p in prompts]
+        # max_tokens 0: one token is generated (and dropped) by the prefill that scores the prompt.
+        limit = 1 if body.max_tokens == 0 else body.max_tokens or 1 << 62
+        stop_ids = tuple(getattr(body, "stop_token_ids", ()))  # token-in routes (tokenflow.serve.token_routes)
+        params = [self._params(body, p, limit, stop_ids, top_n) for p in prompts]
+        for sp in params:
+            sp.prompt_logprobs = top_n if body.echo and body.logprobs is not None else None
+        params = [self.sampling(body, request, sp) for sp in params]
         call = await self._start(prompts, params, body.stream, "prompt")
         if body.stream:
             return self._sse(self._completion_stream(call, body, top_n, request, on_call), call)
@@ -218,11 +225,9 @@ class OpenAIService:
         finally:
             self._end(call)
         await self.turns.take()
-        choices = [CompletionChoice(
-            index=c.index, text=c.text.released, finish_reason=c.finish_reason,
-            logprobs=completion_logprobs(c, 0, top_n, self.strings) if body.logprobs is not None else None,
-            prompt_token_ids=call.prompts[c.index // call.n] if body.return_token_ids else None,
-            token_ids=c.ids if body.return_token_ids else None) for c in call.choices]
+        echo = await self._off_loop(self._echo_texts, body.prompt, call.prompts) if body.echo else None
+        choices = [completion_choice(c, call.prompts[c.index // call.n], body, top_n, self.strings,
+                                     echo[c.index // call.n] if echo else None) for c in call.choices]
         result = Completion(id=new_id("cmpl"), created=int(time.time()), model=self.model_name, choices=choices,
                             usage=call.usage).model_dump(mode="json")
         await notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, result))
@@ -248,6 +253,14 @@ class OpenAIService:
         if body.stream_options is not None and body.stream_options.include_usage:
             yield chunk([], usage=call.usage)
         await notify(on_call, request, ServedCall("completions", body, call.prompts, call.rollouts, None))
+
+    def _echo_texts(self, prompt, ids: list[list[int]]) -> list[str]:
+        """Each prompt's text as ``echo`` returns it: as sent, or its token ids decoded."""
+        if isinstance(prompt, str) or isinstance(prompt[0], str):
+            return [prompt] if isinstance(prompt, str) else list(prompt)
+        if self.tokenizer is None:
+            return ["" for _ in ids]
+        return [self.tokenizer.decode(p, skip_special_tokens=False) for p in ids]
 
     def _prompt_ids(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):

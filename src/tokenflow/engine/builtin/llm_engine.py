@@ -261,14 +261,24 @@ class Engine:
                 self.runner.parked.take(key)  # stale (other tokens) if there at all
                 self.stats.parked_misses += 1
         if not groups[0].reused:
-            return self.runner.prefill([g.prefill_ids for g in groups], slots)
+            scored = [g for g in groups if g.seqs[0].params.prompt_logprobs is not None]
+            logits = self.runner.prefill([g.prefill_ids for g in groups], slots, keep_hidden=bool(scored))
+            for row, g in enumerate(groups):
+                if g in scored:
+                    scores = self.runner.prompt_scores(row, g.seqs[0].prompt_ids, g.seqs[0].params.prompt_logprobs)
+                    for s in g.seqs:
+                        s.prompt_scores = scores
+            self.runner.last_hidden = None
+            return logits
         return self.runner.extend([g.prefill_ids[g.reused:] for g in groups],
                                   [g.reused for g in groups], slots)
 
     def _reusable(self, group: SequenceGroup) -> int:
         """Leading positions of a waiting continuation that its parked KV cache covers."""
         seq = group.seqs[0]
-        if not seq.continues:
+        # Prompt log-probs need logits at every prompt position, which parked rows do not keep:
+        # such a request prefills its whole sequence again.
+        if not seq.continues or seq.params.prompt_logprobs is not None:
             return 0
         return self.runner.parked.match((seq.prefix.request_id, seq.prefix.sample_index), seq.token_ids)
 

@@ -39,6 +39,8 @@ class ModelRunner:
             growth=kv_growth,
         )
         self.parked = ParkedKV(max_parked)
+        self.last_hidden: torch.Tensor | None = None
+        """The last prefill's hidden states, [G, L, H], when it was asked to keep them."""
 
     def _long(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -56,9 +58,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, token_lists: list[list[int]], slots: list[list[int]] | None,
-                need_logits: bool = True) -> torch.Tensor | None:
+                need_logits: bool = True, keep_hidden: bool = False) -> torch.Tensor | None:
         """Run the prompts (right-padded into one batch), copy each prompt's keys/values into
-        its slots, and return the logits at each prompt's last position, [G, V]."""
+        its slots, and return the logits at each prompt's last position, [G, V]; with
+        ``keep_hidden``, every position's hidden states stay in `last_hidden` (`prompt_scores`)."""
         lengths = [len(t) for t in token_lists]
         longest = max(lengths)
         ids = self._long([t + [0] * (longest - len(t)) for t in token_lists])
@@ -74,8 +77,34 @@ class ModelRunner:
             self.model(ids, positions, ctx)
             return None
         hidden = self._forward_recorded(ids, positions, ctx)
+        self.last_hidden = hidden if keep_hidden else None
         last = hidden[torch.arange(len(lengths), device=self.device), self._long(lengths) - 1]
         return self.model.compute_logits(last)
+
+    @torch.inference_mode()
+    def prompt_scores(self, row: int, prompt: list[int], top: int, chunk: int = 256) -> dict:
+        """Row ``row`` of the last prefill (`keep_hidden`): each prompt token's log-prob
+        ``log_softmax(logits)`` given the tokens before it (NaN for the first) and, if ``top``,
+        the ``top`` most likely tokens at each position; as `Rollout` fields. The logits are the
+        head applied to the very hidden states the prefill's last-position logits came from,
+        ``chunk`` positions at a time (a [prompt, vocab] float32 block at once could be large)."""
+        hidden = self.last_hidden[row]
+        n = len(prompt)
+        targets = self._long(prompt[1:])
+        lps = torch.full((n,), float("nan"), dtype=torch.float32)
+        top_ids = torch.full((n, top), -1, dtype=torch.int32)
+        top_lps = torch.full((n, top), float("nan"), dtype=torch.float32)
+        for a in range(0, n - 1, chunk):
+            b = min(a + chunk, n - 1)
+            logp = torch.log_softmax(self.model.compute_logits(hidden[a:b]), -1)
+            lps[a + 1:b + 1] = logp.gather(1, targets[a:b, None])[:, 0].cpu()
+            if top:
+                values, ids = logp.topk(top, -1)
+                top_ids[a + 1:b + 1], top_lps[a + 1:b + 1] = ids.to(torch.int32).cpu(), values.cpu()
+        out = {"prompt_logprobs": lps.numpy()}
+        if top:
+            out.update(prompt_top_ids=top_ids.numpy(), prompt_top_logprobs=top_lps.numpy())
+        return out
 
     @torch.inference_mode()
     def extend(self, token_lists: list[list[int]], starts: list[int], slots: list[list[int]]) -> torch.Tensor:

@@ -62,6 +62,9 @@ class Sequence:
     routing: list[np.ndarray] = field(default_factory=list)
     """MoE models: expert ids of the tokens forwarded so far, in chunks of [tokens, layers, k]
     (the prefill's chunk covers the prompt and any resumed partial; each decode adds one)."""
+    prompt_scores: dict | None = None
+    """``params.prompt_logprobs`` asked: the `Rollout` fields ``prompt_logprobs`` (and
+    ``prompt_top_ids``/``prompt_top_logprobs``), from this sample's prefill."""
 
     def __post_init__(self) -> None:
         if self.turn_start < 0:
@@ -132,6 +135,7 @@ class Sequence:
             routed_experts=routing if self.prefix is None else None,
             turns=None if self.turn is None else np.full(n_new, self.turn, dtype=np.int16),
             top_logprobs=list(self.top) if self.params.logprobs else None,
+            **(self.prompt_scores or {}),
         )
         out = self.prefix.extend(new, routing) if self.prefix is not None else new
         out.text = text

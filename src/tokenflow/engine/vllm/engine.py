@@ -14,7 +14,8 @@ What vLLM gives and what this adapter adds:
   truncate the vocabulary (top-k / top-p) are refused: their log-probs would be over a support
   the trainer cannot rebuild (no Keep Sampling Mask). ``Rollout.support_logmass`` is 0.
 * Top alternatives (``SamplingParams.logprobs = N``): vLLM's ``logprobs = N``, in the same
-  processed mode, as `Rollout.top_logprobs` (vLLM allows at most its ``max_logprobs``, 20).
+  processed mode, as `Rollout.top_logprobs` (vLLM allows at most its ``max_logprobs``, 20); and
+  vLLM's ``prompt_logprobs`` as `Rollout.prompt_logprobs` (`Sample.take_prompt_scores`).
 * Per-token versions: vLLM reports none, so the adapter tags each token with the version loaded
   when the step that produced it ran (updates land between steps, under one lock).
 * n samples: one vLLM request each, with seeds derived from the request seed and the sample
@@ -177,9 +178,8 @@ class VLLMEngine:
         seed = derive_seed(sample.seed, sample.sample_index * 1_000_003 + done) & _SEED_MASK
         vp = VParams(temperature=p.temperature, top_p=1.0, top_k=0, max_tokens=p.max_tokens - done,
                      stop_token_ids=list(p.stop_token_ids), stop=list(p.stop) or None, seed=seed,
-                     ignore_eos=p.ignore_eos, logprobs=p.logprobs, n=1, skip_special_tokens=True,
-                     detokenize=self.tokenizer is not None,
-                     output_kind=RequestOutputKind.DELTA)
+                     ignore_eos=p.ignore_eos, logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, n=1,
+                     skip_special_tokens=True, detokenize=self.tokenizer is not None, output_kind=RequestOutputKind.DELTA)
         prompt = list(sample.prompt_ids) + (sample.prefix.completion_ids.tolist() if done else [])
         sample.vllm_id = f"{sample.request_id}/{sample.sample_index}/{self._counter}-{len(self._live)}-{time.perf_counter_ns()}"
         sample.tokens, sample.logprobs, sample.versions, sample.routing = [], [], [], None
@@ -232,6 +232,7 @@ class VLLMEngine:
                 if sample.params.logprobs:
                     sample.top += [top_alternatives(entry, sample.params.logprobs) for entry in c.logprobs or []]
                 sample.versions += [self.version] * len(ids)
+                sample.take_prompt_scores(ro.prompt_logprobs)
                 if ro.finished:
                     del self._live[ro.request_id]
                     if self.routing_layout:

@@ -40,6 +40,28 @@ class Sample:
     """vLLM's own id for the request (the one it keys its per-request state by)."""
     routing: np.ndarray | None = None
     """This request's routing record (tokenflow's layout), once vLLM has returned it."""
+    prompt_scores: dict | None = None
+    """``params.prompt_logprobs`` asked: the `Rollout`'s prompt log-prob fields, once vLLM has
+    returned them (with the request's first output)."""
+
+    def take_prompt_scores(self, entries) -> None:
+        """Keep vLLM's prompt log-probs (one entry per prompt token, None for the first; a
+        continuation's prompt includes its prefix, which is cut off) as `Rollout` fields."""
+        k = self.params.prompt_logprobs
+        if k is None or self.prompt_scores is not None or not entries:
+            return
+        n = len(self.prompt_ids)
+        lps = np.full(n, np.nan, dtype=np.float32)
+        ids, values = np.full((n, k), -1, dtype=np.int32), np.full((n, k), np.nan, dtype=np.float32)
+        for i in range(1, n):
+            entry = entries[i]
+            lps[i] = entry[self.prompt_ids[i]].logprob
+            if k:
+                best_ids, best = top_alternatives(entry, k)
+                ids[i, :len(best_ids)], values[i, :len(best)] = best_ids, best
+        self.prompt_scores = {"prompt_logprobs": lps}
+        if k:
+            self.prompt_scores.update(prompt_top_ids=ids, prompt_top_logprobs=values)
 
     def rollout(self, finish_reason: str, text: str | None, routed_experts: np.ndarray | None = None) -> Rollout:
         """The sample as a `Rollout`, joined onto its resumed prefix; ``routed_experts`` covers
@@ -54,7 +76,8 @@ class Sample:
                       group_id=self.group_id, prompt_id=self.prompt_id, info={"seed": self.seed},
                       routed_experts=routed_experts if self.prefix is None else None,
                       turns=None if self.turn is None else np.full(len(self.tokens), self.turn, np.int16),
-                      top_logprobs=list(self.top) if self.params.logprobs else None)
+                      top_logprobs=list(self.top) if self.params.logprobs else None,
+                      **(self.prompt_scores or {}))
         out = self.prefix.extend(new, routed_experts) if self.prefix is not None else new
         out.text = text
         return out

@@ -48,6 +48,9 @@ def code_keys(cfg, given: set[str]) -> list[str]:
 
     found = [f"{key} = {_value(cfg, key)!r} ({what})" for key, what in CODE_KEYS.items()
              if not from_user(key) and names_code(_value(cfg, key))]
+    vf_env = getattr(cfg.task, "options", {}).get("env") if getattr(cfg.task, "name", "") == "verifiers" else None
+    if isinstance(vf_env, str) and not from_user("task.options.env"):  # a taskset id or folder: code
+        found.append(f"task.options.env = {vf_env!r} (a verifiers environment)")
     found += [f"{key} = true (model code the checkpoint's config.json names in auto_map)"
               for key in REMOTE_CODE_KEYS if not from_user(key) and _value(cfg, key) is True]
     return found
