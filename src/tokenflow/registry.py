@@ -315,7 +315,7 @@ def _verifiers_check(task) -> None:
     from importlib.util import find_spec
 
     if find_spec("verifiers") is None:
-        raise ValueError('task.name = "verifiers" needs the verifiers library: pip install "tokenflow-rl[verifiers]"')
+        raise ValueError('task.name = "verifiers" needs the verifiers library: pip install "tokenflow-rl[envs]"')
     for key, value in VF_SETTINGS.items():
         if getattr(task, key) != value:
             raise ValueError(f'task.name = "verifiers" sets task.{key} itself; remove task.{key}')

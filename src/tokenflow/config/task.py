@@ -14,8 +14,9 @@ class TaskConfig(ConfigModel):
     name: str = "arithmetic"
     """"arithmetic" (built in), "dataset" (prompts from a local JSONL/Parquet file + your reward),
     "env" (multi-turn episodes of ``env``, examples drawn from the environment class),
-    "reasoning_gym" (a reasoning-gym dataset named in ``options``; docs/reasoning_gym.md), or a
-    task a plugin registers (docs/plugins.md)."""
+    "reasoning_gym" (a reasoning-gym dataset named in ``options``; docs/reasoning_gym.md),
+    "verifiers" (a verifiers environment named in ``options``; docs/verifiers.md), or a task a
+    plugin registers (docs/plugins.md)."""
     seed: int = 0
     """Seed of the task's prompt stream (arithmetic) or epoch shuffles (dataset)."""
     num_eval: int = Field(default=256, ge=1)

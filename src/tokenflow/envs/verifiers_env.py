@@ -62,7 +62,7 @@ def _vf():
         import verifiers.v1 as vf
     except ImportError as e:
         raise ImportError('task.name = "verifiers" needs the verifiers library (tested with verifiers '
-                          f'{TESTED_VERSION}): pip install "tokenflow-rl[verifiers]" ({e})') from None
+                          f'{TESTED_VERSION}): pip install "tokenflow-rl[envs]" ({e})') from None
     return vf
 
 
