@@ -56,6 +56,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def fused_adam_supported(groups: list[dict]) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, all on one device of a
+    type it has the kernel for (CPU and CUDA)."""
+    params = [p for g in groups for p in g["params"]]
+    devices = {p.device.type for p in params}
+    return (len(devices) == 1 and devices <= {"cpu", "cuda"}
+            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params))
+
+
 class Trainer:
     """Owns the policy (trained in place), optional value head and reference, AdamW and the LR
     schedule. ``version`` counts rollout batches trained (policy versions, one weight push
@@ -96,8 +105,9 @@ class Trainer:
             from tokenflow.trainer.model.lora import BaseModelRunner
 
             self.ref_runner = BaseModelRunner(self.runner)
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=config.lr, betas=config.betas,
-                                           eps=config.adam_eps)
+        groups = self._param_groups()
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps,
+                                           fused=config.fused_optimizer and fused_adam_supported(groups) or None)
         self.scheduler = build_scheduler(self.optimizer, config)
         self._assemble()
 
