@@ -6,10 +6,11 @@ import json
 import tomllib
 
 import pytest
+from rich.console import Console
 
 from tests.bench.test_pipeline_seeds import bench
 from tests.runtime.runtime_testlib import SMALL
-from tokenflow.bench.pipeline_staleness import COLLAPSE_MARGIN, _aggregate, curve, parse_staleness
+from tokenflow.bench.pipeline_staleness import COLLAPSE_MARGIN, _aggregate, curve, parse_staleness, print_table
 
 
 def test_parse_staleness_always_includes_the_synchronous_reference():
@@ -36,6 +37,16 @@ def test_a_row_counts_the_runs_below_the_synchronous_minimum_as_collapsed():
     (c,) = row["at_collapse"]
     assert (c["seed"], c["timing"], c["accuracy"], c["entropy_min"], c["weight_max_at_low"]) == (0, 0, 0.41, 0.001, 172.0)
     assert _aggregate(runs, collapse_below=None)["collapsed"] == 0  # the synchronous row
+
+
+def test_the_table_shows_each_row_and_each_collapsed_run():
+    runs = [_run(0, 0, 0.41), _run(0, 1, 0.977), _run(1, 0, 0.969), _run(1, 1, 0.926)]
+    row = {**_aggregate(runs, collapse_below=0.853), "k": 4, "corrections": "on", "gap": -0.1}
+    console = Console(record=True, width=240)
+    print_table({"seeds": [0, 1], "timings": 2, "steps": 20, "collapse_below": 0.853, "rows": [row]}, console)
+    text = console.export_text()
+    assert "2 seeds (0, 1) × 2 timings" in text and "0.821 ± 0.275" in text and "1 / 4" in text
+    assert "collapsed: K=4 on seed 0 timing 0: accuracy 0.410; entropy 0.040 at step 1 → 0.001 at step 20" in text
 
 
 def test_curve_finds_the_entropy_low_and_what_preceded_it(tmp_path):

@@ -305,3 +305,20 @@ def test_textarena_games_reset_on_threads_are_the_games_of_their_seeds(monkeypat
     monkeypatch.setattr(random, "seed", seed_then_pause)
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(game, examples)) == alone
+
+
+def test_a_run_folder_whose_options_name_a_factory_needs_trust():
+    """``make`` is imported: a run folder's config that names one runs it only when trusted."""
+    from tokenflow.errors import RunFolderError
+    from tokenflow.runtime.run.folder_code import code_keys, refuse_folder_code
+
+    options = {"make": "evil.py:make", "kwargs": {"factory": "pkg.mod:build", "url": "http://127.0.0.1:8000",
+                                                   "at": "12:30", "own": "tokenflow.envs.calculator:x"}}
+    cfg = TrainConfig.model_validate({"task": {"name": "env", "env": "tokenflow.envs.gym_adapter:GymEnv",
+                                               "options": options}})
+    assert [k.split(" ")[0] for k in code_keys(cfg, set())] == ["task.options.make", "task.options.kwargs.factory"]
+    with pytest.raises(RunFolderError, match="task.options.make = 'evil.py:make'"):
+        refuse_folder_code(cfg, [], "runs/x/config.toml", trusted=False)
+    refuse_folder_code(cfg, [], "runs/x/config.toml", trusted=True)
+    refuse_folder_code(cfg, ["--task.options", '{make = "evil.py:make", kwargs = {factory = "pkg.mod:build"}}'],
+                       "runs/x/config.toml", trusted=False)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -153,22 +154,31 @@ def _age(hist: dict) -> str:
     return " ".join(f"{a}:{c / total:.0%}" for a, c in hist.items() if c / total >= 0.005)
 
 
-def print_table(result: dict) -> None:
+def print_table(result: dict, console=None) -> None:
+    """The sweep as a table on ``console`` (default: a rich console on stdout), then one line per
+    collapsed run with the statistics at its low point."""
+    from rich.console import Console
+    from rich.table import Table
+
+    # Piped to a file the table keeps its rows whole (rich would squeeze it into 80 columns).
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     t = result.get("timings", 1)
-    print(f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}) × {t} timing{'s' * (t > 1)} "
-          f"(asynchronous runs), {result['steps']} steps each; accuracy mean ± sd and min over runs, gap "
-          f"against K = 0; collapsed: accuracy < {result['collapse_below']:.3f} (synchronous min − {COLLAPSE_MARGIN})")
-    print(f"{'K':>3} {'corr':>4}  {'accuracy':>15} {'min':>5} {'gap':>7} {'collapsed':>9}  {'age mean/max':>12}  "
-          f"{'w mean':>6} {'w max':>7} {'TIS cut':>7}  {'window s':>8}  token ages")
+    table = Table(title=f"{len(result['seeds'])} seeds ({', '.join(map(str, result['seeds']))}) × {t} "
+                        f"timing{'s' * (t > 1)} (asynchronous runs), {result['steps']} steps each; collapsed: "
+                        f"accuracy < {result['collapse_below']:.3f} (synchronous min − {COLLAPSE_MARGIN})")
+    for name in ("K", "corr", "accuracy", "min", "gap", "collapsed", "age mean/max", "w mean", "w max",
+                 "TIS cut", "window s", "token ages"):
+        table.add_column(name, justify="left" if name in ("corr", "token ages") else "right")
     for r in result["rows"]:
-        print(f"{r['k']:>3} {r['corrections']:>4}  {r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f}  "
-              f"{r['accuracy_min']:.3f} {r['gap']:+.3f} {r['collapsed']:>4} / {r['runs']:<3}  "
-              f"{r['token_age_mean']:5.2f} / {r['token_age_max']:<4}  {r['weight_mean']:6.3f} "
-              f"{r['weight_max']:7.2f} {r['tis_clipped_frac']:7.2%}  {r['train_wall_mean_s']:8.1f}  "
-              f"{_age(r['token_age_histogram'])}")
+        table.add_row(str(r["k"]), r["corrections"], f"{r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f}",
+                      f"{r['accuracy_min']:.3f}", f"{r['gap']:+.3f}", f"{r['collapsed']} / {r['runs']}",
+                      f"{r['token_age_mean']:.2f} / {r['token_age_max']}", f"{r['weight_mean']:.3f}",
+                      f"{r['weight_max']:.2f}", f"{r['tis_clipped_frac']:.2%}", f"{r['train_wall_mean_s']:.1f}",
+                      _age(r["token_age_histogram"]))
+    console.print(table)
     for r in result["rows"]:
         for c in r["at_collapse"]:
-            print(f"  collapsed: K={r['k']} {r['corrections']} seed {c['seed']} timing {c['timing']}: accuracy "
-                  f"{c['accuracy']:.3f}; entropy {c['entropy_first']:.3f} at step 1 → {c['entropy_min']:.3f} at step "
-                  f"{c['entropy_min_step']}; over the 5 steps to it w max {c['weight_max_at_low']:.1f}, token age "
-                  f"{c['token_age_at_low']:.2f}")
+            console.print(f"collapsed: K={r['k']} {r['corrections']} seed {c['seed']} timing {c['timing']}: "
+                          f"accuracy {c['accuracy']:.3f}; entropy {c['entropy_first']:.3f} at step 1 → "
+                          f"{c['entropy_min']:.3f} at step {c['entropy_min_step']}; over the 5 steps to it w max "
+                          f"{c['weight_max_at_low']:.1f}, token age {c['token_age_at_low']:.2f}", highlight=False)

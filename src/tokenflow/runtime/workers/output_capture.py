@@ -15,6 +15,7 @@ process takes its reader threads with it and the dump would be lost.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import multiprocessing as mp
@@ -77,11 +78,10 @@ class OutputCapture:
     def close(self, timeout: float = 5.0) -> None:
         """Put the descriptors back and wait for the last lines to become records."""
         for stream in (sys.stdout, sys.stderr):
-            try:
+            # A stream the worker closed itself has nothing left to flush.
+            with contextlib.suppress(OSError, ValueError):
                 if stream is not None:
                     stream.flush()
-            except (OSError, ValueError):
-                pass
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)  # closes the pipe's write end: its reader sees the end
             os.close(saved)
