@@ -23,7 +23,7 @@ LAYERS = {
     2: ["tokenflow.model_store", "tokenflow.engine", "tokenflow.sync"],
     3: ["tokenflow.algorithms", "tokenflow.buffer", "tokenflow.trainer"],
     4: ["tokenflow.tasks", "tokenflow.envs", "tokenflow.scoring", "tokenflow.serve", "tokenflow.evaluation"],
-    5: ["tokenflow.runtime"],
+    5: ["tokenflow.runtime", "tokenflow.tinker"],
     6: ["tokenflow.cli", "tokenflow.bench", "tokenflow.report", "tokenflow.sim", "tokenflow.shipped_models"],
 }
 # The runtime's rooms, bottom to top (tokenflow/runtime/__init__.py says what each holds).

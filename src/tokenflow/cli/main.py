@@ -16,6 +16,7 @@ COMMANDS = {
     "train": "tokenflow.cli.train",
     "eval": "tokenflow.cli.eval",
     "serve": "tokenflow.cli.serve",
+    "tinker": "tokenflow.cli.tinker",
     "bench": "tokenflow.bench",
     "simulate": "tokenflow.cli.simulate",
     "report": "tokenflow.cli.report",

@@ -1,0 +1,361 @@
+"""The service's state: sessions, training models, snapshots, sampling sessions, and order.
+
+Every call that changes a model runs on one training thread, in the order its client numbered
+it (``seq_id``): a call whose number is not above the last one that model accepted is refused
+with a user error (the official SDK sends them one at a time, in order), and a call repeated
+with the same number (the SDK retrying a lost answer) gets the first call's request id back.
+Sampling runs on each base model's engine thread (`tokenflow.tinker.sampling`), beside training.
+
+What is isolated: each training client has its own copy of the model, adapters and optimizer,
+and a client can only name its own model ids and sampling sessions as they were returned to it.
+What is shared: the engine of a base model (snapshots of every client on that base take turns
+on it) and the checkpoint root (a ``tinker://`` path is readable by anyone who holds it, as on
+hosted Tinker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenflow.tinker import losses, store
+from tokenflow.tinker.errors import TinkerError, user_error
+from tokenflow.tinker.futures import Futures
+from tokenflow.tinker.runs import RunsMixin
+from tokenflow.tinker.sampling import BASE, Sampler, Snapshot, keep_last, sample_call
+from tokenflow.tinker.training import Lora, TrainingModel
+from tokenflow.tinker.wire import ForwardBackwardCall
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEntry:
+    model_id: str
+    session_id: str
+    base_model: str  # as the client named it
+    folder: str
+    lora: Lora | None
+    training: TrainingModel | None = None
+    last_seq: int = 0
+    by_seq: dict[int, str] = field(default_factory=dict)
+    snapshots: OrderedDict[str, Snapshot] = field(default_factory=OrderedDict)
+    saves: int = 0
+
+
+@dataclass
+class Settings:
+    root: str
+    threads: int | None = None
+    micro_batch_tokens: int = 4096
+    max_models: int = 8
+    max_data_tokens: int = 1 << 20
+    """Tokens in one forward_backward call (summed over datums); the SDK splits larger batches."""
+    ephemeral_snapshots: int = 3
+    """Unnamed sampler snapshots kept in memory per model (the newest); older ones must be saved again."""
+
+
+class TinkerService(RunsMixin):
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = store.Store(settings.root)
+        self.futures = Futures()
+        self.sessions: dict[str, dict] = {}
+        self.models: dict[str, ModelEntry] = {}
+        self.sampling_sessions: dict[str, tuple[str, str, Snapshot, str | None]] = {}  # id -> (session, folder, snapshot, path)
+        self.samplers: dict[str, Sampler] = {}
+        self._lock = threading.RLock()
+        self._train = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def create_session(self, metadata: dict | None) -> str:
+        sid = f"session-{uuid.uuid4().hex[:16]}"
+        with self._lock:
+            self.sessions[sid] = {"metadata": metadata or {}, "models": [], "model_seq": {}}
+        return sid
+
+    def session(self, sid: str) -> dict:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise user_error(f"unknown session_id {sid!r}: create a session first (the SDK's ServiceClient does)")
+        return s
+
+    def model(self, model_id: str) -> ModelEntry:
+        m = self.models.get(model_id)
+        if m is None:
+            raise user_error(f"unknown model_id {model_id!r}")
+        return m
+
+    # -- models --------------------------------------------------------------------------------
+
+    @staticmethod
+    def resolve(base_model: str) -> str:
+        from tokenflow.model_store.paths import resolve_model_path
+
+        if not isinstance(base_model, str) or not base_model:
+            raise user_error("base_model is required")
+        try:
+            return resolve_model_path(base_model)
+        except (ValueError, FileNotFoundError) as e:
+            from tokenflow.model_store.paths import MODEL_NAMES
+
+            raise user_error(f"base_model {base_model!r}: {e}. Names this service knows: {', '.join(MODEL_NAMES)}, "
+                             "or a local Hugging Face model folder") from None
+
+    def create_model(self, session_id: str, base_model: str, lora: Lora | None, model_seq_id: int | None = None) -> str:
+        self.session(session_id)
+        with self._lock:
+            if len(self.models) >= self.settings.max_models:
+                raise user_error(f"the service holds {len(self.models)} models, its limit (--max-models); "
+                                 "unload one or restart with a higher limit")
+        folder = self.resolve(base_model)
+        with self._lock:  # the SDK's own naming: it derives the id of a model made from a state
+            seq = model_seq_id if isinstance(model_seq_id, int) else len(self.sessions[session_id]["models"])
+            model_id = f"{session_id}:train:{seq}"
+            if model_id in self.models:
+                raise user_error(f"model_seq_id {seq} was already used in session {session_id}")
+        entry = ModelEntry(model_id, session_id, base_model, folder, lora)
+
+        def load() -> dict:
+            entry.training = TrainingModel(folder, lora, micro_batch_tokens=self.settings.micro_batch_tokens)
+            return {"model_id": model_id, "type": "create_model"}
+
+        with self._lock:
+            self.models[model_id] = entry
+            self.sessions[session_id]["models"].append(model_id)
+            self.last_created = model_id
+        return self.futures.add(self._train.submit(self._guard(load)), session_id)
+
+    def info(self, model_id: str) -> dict:
+        m = self.model(model_id)
+        return {"type": "get_info", "model_id": model_id, "model_name": m.base_model,
+                "is_lora": m.lora is not None, "lora_rank": m.lora.rank if m.lora else None,
+                "model_data": {"arch": "causal_lm", "model_name": m.base_model, "tokenizer_id": m.folder}}
+
+    # -- ordered calls -------------------------------------------------------------------------
+
+    def ordered(self, model_id: str, seq_id: int | None, fn) -> str:
+        """Queue ``fn`` on the training thread as call ``seq_id`` of ``model_id``; its request id."""
+        m = self.model(model_id)
+        with self._lock:
+            if seq_id is not None:
+                if seq_id in m.by_seq:
+                    return m.by_seq[seq_id]  # a retried call: the same future
+                if seq_id <= m.last_seq:
+                    raise user_error(f"seq_id {seq_id} for model {model_id} is out of order: the last call "
+                                     f"accepted was {m.last_seq}; number each call above the previous one")
+                m.last_seq = seq_id
+            rid = self.futures.add(self._train.submit(self._guard(fn)), m.session_id)
+            if seq_id is not None:
+                m.by_seq[seq_id] = rid
+                if len(m.by_seq) > 4096:
+                    for k in sorted(m.by_seq)[:2048]:
+                        del m.by_seq[k]
+            return rid
+
+    @staticmethod
+    def _guard(fn):
+        def run():
+            try:
+                return fn()
+            except TinkerError:
+                raise
+            except (ValueError, IndexError) as e:  # bad shapes that got past the checks
+                raise user_error(str(e)) from None
+            except Exception as e:
+                log.exception("tinker: a call failed")
+                raise TinkerError(f"{type(e).__name__}: {e}", category="server") from None
+        return run
+
+    def _trained(self, m: ModelEntry) -> TrainingModel:
+        if m.training is None:
+            raise user_error(f"model {m.model_id} is still loading or failed to load")
+        return m.training
+
+    # -- training ------------------------------------------------------------------------------
+
+    def forward_backward(self, call: ForwardBackwardCall) -> str:
+        m = self.model(call.model_id)
+        config = losses.check(call.loss_fn, call.loss_fn_config)
+        if not call.data:
+            raise user_error("data is empty: forward_backward needs at least one datum")
+        tokens = sum(d.tokens.size for d in call.data)
+        if tokens > self.settings.max_data_tokens:
+            raise user_error(f"one call carries {tokens} tokens, above the service's {self.settings.max_data_tokens} "
+                             "(--max-data-tokens); send smaller batches")
+
+        def run() -> dict:
+            outputs, metrics = self._trained(m).run(call.data, call.loss_fn, config, backward=not call.forward_only)
+            return {"_outputs": outputs, "_metrics": metrics}
+
+        return self.ordered(call.model_id, call.seq_id, run)
+
+    def optim_step(self, model_id: str, seq_id: int | None, params: dict) -> str:
+        m = self.model(model_id)
+        kind = params.get("type", "adam")
+        if kind not in ("adam", "adamw"):
+            raise user_error(f"optimizer {kind!r} is not supported: this service steps AdamW (AdamParams)")
+        args = {k: float(params.get(k, d)) for k, d in (("learning_rate", 1e-4), ("beta1", 0.9), ("beta2", 0.95),
+                                                           ("eps", 1e-12), ("weight_decay", 0.0), ("grad_clip_norm", 0.0))}
+
+        def run() -> dict:
+            metrics = self._trained(m).optim_step(args["learning_rate"], args["beta1"], args["beta2"], args["eps"],
+                                                  args["weight_decay"], args["grad_clip_norm"])
+            return {"type": "optim_step", "metrics": metrics}
+
+        return self.ordered(model_id, seq_id, run)
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def save_state(self, model_id: str, seq_id: int | None, name: str | None, optimizer: bool = True) -> str:
+        import torch
+
+        m = self.model(model_id)
+        loc = store.Location(model_id, "weights", store.check_name(name or f"state-{m.saves + 1:06d}"))
+
+        def run() -> dict:
+            t = self._trained(m)
+            folder = self.store.folder(loc, create=True)
+            torch.save(t.state(with_optimizer=optimizer), folder / "state.pt")
+            self.store.write_meta(loc, self._meta(m, optimizer=optimizer, steps=t.steps))
+            m.saves += 1
+            return {"type": "save_weights", "path": loc.path}
+
+        return self.ordered(model_id, seq_id, run)
+
+    def _meta(self, m: ModelEntry, **extra) -> dict:
+        lora = None if m.lora is None else {"rank": m.lora.rank, "train_unembed": m.lora.train_unembed,
+                                             "train_mlp": m.lora.train_mlp, "train_attn": m.lora.train_attn}
+        return {"base_model": m.base_model, "model_id": m.model_id, "lora": lora, **extra}
+
+    def load_state(self, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
+        import torch
+
+        m = self.model(model_id)
+        loc = store.parse(path)
+        if loc.kind != "weights":
+            raise user_error(f"{path} is a sampler checkpoint; load_state takes a training state "
+                             "(tinker://MODEL_ID/weights/NAME, from save_state)")
+        meta = self.store.meta(loc)
+        if self.resolve(meta["base_model"]) != m.folder or (meta["lora"] is None) != (m.lora is None) \
+                or (m.lora and meta["lora"]["rank"] != m.lora.rank):
+            raise user_error(f"{path} was saved from {meta['base_model']} with lora {meta['lora']}; this model "
+                             f"is {m.base_model} with lora rank {m.lora.rank if m.lora else None}")
+        if optimizer and not meta.get("optimizer"):
+            raise user_error(f"{path} was saved without optimizer state; load it without the optimizer")
+
+        def run() -> dict:
+            state = torch.load(self.store.folder(loc) / "state.pt", map_location="cpu", weights_only=True)
+            self._trained(m).load_state(state, with_optimizer=optimizer)
+            return {"type": "load_weights", "path": path, "model_id": model_id}
+
+        return self.ordered(model_id, seq_id, run)
+
+    def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
+                         sampling_session_seq_id: int | None) -> str:
+        m = self.model(model_id)
+        loc = store.Location(model_id, "sampler_weights", store.check_name(name)) if name else None
+
+        def run() -> dict:
+            from safetensors.torch import save_file
+
+            t = self._trained(m)
+            m.saves += 1
+            key = loc.path if loc else f"tinker://{model_id}/sampler_weights/ephemeral-{m.saves:06d}"
+            snap = Snapshot(key, m.saves, t.sampler_weights())
+            with self._lock:
+                m.snapshots[key] = snap
+                ephemeral = [k for k in m.snapshots if "/ephemeral-" in k]
+                for k in ephemeral[: max(0, len(ephemeral) - self.settings.ephemeral_snapshots)]:
+                    del m.snapshots[k]
+            if loc is not None:
+                folder = self.store.folder(loc, create=True)
+                save_file({k: v.contiguous() for k, v in snap.tensors.items()}, str(folder / "model.safetensors"))
+                self.store.write_meta(loc, self._meta(m, version=snap.version, steps=t.steps))
+                return {"type": "save_weights_for_sampler", "path": loc.path}
+            sid = self._new_sampling_session(m.session_id, m.folder, snap, key)
+            return {"type": "save_weights_for_sampler", "path": key, "sampling_session_id": sid}
+
+        return self.ordered(model_id, seq_id, run)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _new_sampling_session(self, session_id: str, folder: str, snap: Snapshot, path: str | None) -> str:
+        sid = f"sampler-{uuid.uuid4().hex[:16]}"
+        with self._lock:
+            self.sampling_sessions[sid] = (session_id, folder, snap, path)
+        return sid
+
+    def create_sampling_session(self, session_id: str, base_model: str | None, model_path: str | None) -> str:
+        self.session(session_id)
+        if model_path:
+            snap, folder = self._snapshot(model_path)
+        elif base_model:
+            snap, folder = BASE, self.resolve(base_model)
+        else:
+            raise user_error("create_sampling_session needs base_model or model_path")
+        return self._new_sampling_session(session_id, folder, snap, model_path)
+
+    def _snapshot(self, path: str) -> tuple[Snapshot, str]:
+        loc = store.parse(path)
+        if loc.kind != "sampler_weights":
+            raise user_error(f"{path} is a training state; sample from a sampler checkpoint "
+                             "(save_weights_for_sampler) instead")
+        m = self.models.get(loc.model_id)
+        if m is not None and path in m.snapshots:
+            return m.snapshots[path], m.folder
+        if loc.name.startswith("ephemeral-"):
+            raise user_error(f"{path} is no longer held (only the newest {self.settings.ephemeral_snapshots} "
+                             "unnamed snapshots per model are kept): save the weights again")
+        meta = self.store.meta(loc)
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(self.store.folder(loc) / "model.safetensors"))
+        return Snapshot(path, int(meta.get("version", 0)), tensors), self.resolve(meta["base_model"])
+
+    def sampler_info(self, sampler_id: str) -> dict:
+        s = self.sampling_sessions.get(sampler_id)
+        if s is None:
+            raise user_error(f"unknown sampling session {sampler_id!r}")
+        return {"sampler_id": sampler_id, "base_model": s[1], "model_path": s[3]}
+
+    def sampler_for(self, folder: str) -> Sampler:
+        with self._lock:
+            if folder not in self.samplers:
+                self.samplers[folder] = Sampler(folder, threads=self.settings.threads)
+            return self.samplers[folder]
+
+    def sample(self, req: dict) -> str:
+        sid = req.get("sampling_session_id")
+        if sid:
+            if sid not in self.sampling_sessions:
+                raise user_error(f"unknown sampling_session_id {sid!r}")
+            owner, folder, snap, _ = self.sampling_sessions[sid]
+        elif req.get("model_path"):
+            snap, folder = self._snapshot(req["model_path"])
+            owner = ""
+        elif req.get("base_model"):
+            snap, folder, owner = BASE, self.resolve(req["base_model"]), ""
+        else:
+            raise user_error("sample needs sampling_session_id, model_path or base_model")
+        call = sample_call(req, snap)
+        sampler = self.sampler_for(folder)
+        fut = sampler.submit(call)
+        if call.prompt_logprobs_last_n is not None:
+            fut = keep_last(fut, call.prompt_logprobs_last_n)
+        return self.futures.add(fut, owner)
+
+    def close(self) -> None:
+        self._train.shutdown(wait=False, cancel_futures=True)
+        for s in self.samplers.values():
+            s.close()
+
+
+def default_root() -> str:
+    return str(Path.home() / ".cache" / "tokenflow" / "tinker")
