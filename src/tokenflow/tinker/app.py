@@ -20,7 +20,7 @@ from tokenflow.tinker.training import Lora
 
 log = logging.getLogger(__name__)
 
-LONG_POLL_S = 20.0
+LONG_POLL_S = 40.0  # under the SDK's 45 s read timeout; each try_again is a warning in its log
 MAX_BODY_BYTES = 512 << 20
 CLIENT_CONFIG = {
     # One forward_backward chunk at a time, in seq_id order (the service runs them in order).
@@ -104,6 +104,11 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
     async def create_session(request: Request):
         b = await body(request)
         return {"type": "create_session", "session_id": service.create_session(b.get("user_metadata"))}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str):
+        service.finish_session(session_id)  # frees its models' memory; checkpoints stay
+        return Response(status_code=204)
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):

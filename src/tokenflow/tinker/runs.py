@@ -64,6 +64,16 @@ class RunsMixin:
         inner = self.futures.get(self.load_state(model_id, None, path, optimizer))
         return self.futures.add(_then(self.futures.get(rid), inner, model_id, path), session_id)
 
+    def finish_session(self, session_id: str) -> None:
+        """The client is done: unload its models (on the training thread, after its calls)."""
+        for model_id in list(self.session(session_id)["models"]):
+            if model_id in self.models:
+                self.unload(model_id)
+        with self._lock:
+            for sid in [k for k, v in self.sampling_sessions.items() if v[0] == session_id]:
+                del self.sampling_sessions[sid]
+            self.sessions.pop(session_id, None)
+
     def unload(self, model_id: str) -> str:
         m = self.model(model_id)
 

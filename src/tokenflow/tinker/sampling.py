@@ -5,7 +5,7 @@ and gives it a policy version. A sampling client pins one snapshot (or the base 
 requests queue here; one thread takes every waiting request, groups them by snapshot, loads the
 group's weights into the engine (`RolloutEngine.update_weights`, the same call weight sync
 makes during training) and generates the whole group in one batched ``engine.generate``. Each
-token the engine samples carries the snapshot's version, which ``Drawn.versions`` reports.
+token the engine samples carries the snapshot's version, which ``Sampled.versions`` reports.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ class SampleCall:
     topk_sample_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
     future: Future = field(default_factory=Future)
-    versions: list[np.ndarray] = field(default_factory=list)
 
 
 class Sampler:
@@ -151,7 +150,6 @@ class Sampler:
         for c, rollouts in zip(group, results):
             if c.future.done():  # cancelled
                 continue
-            c.versions = [r.versions for r in rollouts]
             seqs = []
             for r in rollouts:
                 top = None
@@ -161,7 +159,7 @@ class Sampler:
                 seqs.append(Sequence(r.completion_ids.astype(np.int64), r.logprobs.astype(np.float32),
                                      "stop" if r.finish_reason == "stop" else "length", top))
             first = rollouts[0]
-            out = Sampled(seqs)
+            out = Sampled(seqs, versions=[r.versions for r in rollouts])
             if c.prompt_logprobs and first.prompt_logprobs is not None:
                 out.prompt_logprobs = first.prompt_logprobs.astype(np.float32)
                 if c.topk_prompt_logprobs and first.prompt_top_ids is not None:

@@ -115,7 +115,7 @@ class TrainingModel:
                     d = data[i]
                     n = d.tokens.size
                     lp = logp[row, :n]
-                    inputs = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.float32)
+                    inputs = {k: torch.tensor(v, dtype=torch.float32)
                               for k, v in d.inputs.items() if k != "target_tokens"}
                     per, extra = losses.per_token(loss_fn, config, lp, inputs)
                     loss_sum = loss_sum + per.sum()

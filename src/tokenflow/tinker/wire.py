@@ -259,6 +259,8 @@ class Sampled:
     sequences: list[Sequence]
     prompt_logprobs: np.ndarray | None = None  # [P], NaN at position 0
     prompt_top: tuple[np.ndarray, np.ndarray] | None = None
+    versions: list[np.ndarray] | None = None
+    """Per sequence, the policy version of each token (the snapshot's); not on the wire."""
 
 
 def sample_response_proto(s: Sampled) -> bytes:
