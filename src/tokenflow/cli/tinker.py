@@ -27,10 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--root", default=None, help="checkpoint folder (default: ~/.cache/tokenflow/tinker)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (training and sampling)")
     p.add_argument("--max-models", type=int, default=8, help="training clients held at once")
-    p.add_argument("--micro-batch-tokens", type=int, default=4096,
+    p.add_argument("--micro-batch-tokens", type=int, default=2048,
                    help="rows × longest datum per forward pass: bounds the activations a call may hold")
     p.add_argument("--max-data-tokens", type=int, default=1 << 20,
                    help="tokens in one forward_backward call (the SDK splits larger batches)")
+    p.add_argument("--no-recompute", action="store_true",
+                   help="keep every layer's activations for the backward pass (faster, several times the memory)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
 
@@ -56,7 +58,7 @@ def run(args) -> int:
 
     service = TinkerService(Settings(root=args.root or default_root(), threads=args.threads,
                                      max_models=args.max_models, micro_batch_tokens=args.micro_batch_tokens,
-                                     max_data_tokens=args.max_data_tokens))
+                                     max_data_tokens=args.max_data_tokens, recompute=not args.no_recompute))
     service.config = serve_config([])  # the HTTP server's deadlines and connection cap (docs/serve.md)
     app = create_app(service, api_key=api_key)
     logger.info("tinker: the Tinker API on http://%s:%d (checkpoints in %s)%s; clients: "

@@ -52,7 +52,9 @@ class ModelEntry:
 class Settings:
     root: str
     threads: int | None = None
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 2048
+    recompute: bool = True
+    """Recompute each layer's activations in the backward pass (gradient checkpointing)."""
     max_models: int = 8
     max_data_tokens: int = 1 << 20
     """Tokens in one forward_backward call (summed over datums); the SDK splits larger batches."""
@@ -123,7 +125,8 @@ class TinkerService(RunsMixin):
         entry = ModelEntry(model_id, session_id, base_model, folder, lora)
 
         def load() -> dict:
-            entry.training = TrainingModel(folder, lora, micro_batch_tokens=self.settings.micro_batch_tokens)
+            entry.training = TrainingModel(folder, lora, micro_batch_tokens=self.settings.micro_batch_tokens,
+                                           recompute=self.settings.recompute)
             return {"model_id": model_id, "type": "create_model"}
 
         with self._lock:
@@ -182,6 +185,7 @@ class TinkerService(RunsMixin):
 
     def forward_backward(self, call: ForwardBackwardCall) -> str:
         m = self.model(call.model_id)
+        call.check()
         config = losses.check(call.loss_fn, call.loss_fn_config)
         if not call.data:
             raise user_error("data is empty: forward_backward needs at least one datum")

@@ -37,6 +37,12 @@ class ForwardBackwardCall:
     data: list[Datum]
     forward_only: bool = False
 
+    def check(self) -> None:
+        """A user error naming the first datum field that cannot be what it claims (run inside the
+        call's future, so the SDK raises it as a user error at once instead of retrying a 400)."""
+        for i, d in enumerate(self.data):
+            _checked_datum(d, i)
+
 
 def _pb():
     from tinker.proto import tinker_public_pb2
@@ -90,7 +96,7 @@ def _from_proto(body: bytes, forward_only: bool | None) -> ForwardBackwardCall:
         tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         inputs = {name: _tensor_from_proto(t, f"data[{i}].loss_fn_inputs[{name!r}]")
                   for name, t in d.loss_fn_inputs.items()}
-        data.append(_checked_datum(Datum(tokens, inputs), i))
+        data.append(Datum(tokens, inputs))
     return ForwardBackwardCall(msg.model_id, msg.seq_id or None, msg.loss_fn, config, data,
                                msg.forward_only if forward_only is None else forward_only)
 
@@ -187,7 +193,7 @@ def _datum_from_json(d, i: int) -> Datum:
                                            list(t.get("sparse_col_indices") or []), t.get("shape"), where)
         else:
             inputs[name] = _reshaped(values.reshape(-1), t.get("shape"), where)
-    return _checked_datum(Datum(tokens, inputs), i)
+    return Datum(tokens, inputs)
 
 
 def _int_array(values, where: str) -> np.ndarray:
