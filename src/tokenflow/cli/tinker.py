@@ -31,6 +31,9 @@ def register(subparsers) -> None:
                    help="rows × longest datum per forward pass: bounds the activations a call may hold")
     p.add_argument("--max-data-tokens", type=int, default=1 << 20,
                    help="tokens in one forward_backward call (the SDK splits larger batches)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="training products and sampling: float32 (sampler and trainer log-probs agree) or "
+                        "bfloat16 (faster where the CPU has bfloat16 units)")
     p.add_argument("--no-recompute", action="store_true",
                    help="keep every layer's activations for the backward pass (faster, several times the memory)")
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -58,7 +61,8 @@ def run(args) -> int:
 
     service = TinkerService(Settings(root=args.root or default_root(), threads=args.threads,
                                      max_models=args.max_models, micro_batch_tokens=args.micro_batch_tokens,
-                                     max_data_tokens=args.max_data_tokens, recompute=not args.no_recompute))
+                                     max_data_tokens=args.max_data_tokens, recompute=not args.no_recompute,
+                                     dtype=args.dtype))
     service.config = serve_config([])  # the HTTP server's deadlines and connection cap (docs/serve.md)
     app = create_app(service, api_key=api_key)
     logger.info("tinker: the Tinker API on http://%s:%d (checkpoints in %s)%s; clients: "

@@ -26,11 +26,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Snapshot:
-    """Weights a sampling client can pin. ``tensors`` None: the base model as loaded."""
+    """Weights a sampling client can pin: full ``tensors`` (Hugging Face names), or LoRA
+    ``adapters`` (peft's names, a few MB) merged into the base weights when loaded, or neither:
+    the base model as loaded."""
 
     key: str
     version: int
     tensors: dict | None = None
+    adapters: dict | None = None
+    scale: float = 1.0
 
 
 BASE = Snapshot("base", 0, None)
@@ -57,13 +61,14 @@ class SampleCall:
 class Sampler:
     """The engine of one base model and the thread that feeds it."""
 
-    def __init__(self, folder: str, *, threads: int | None = None, max_num_seqs: int = 256, seed: int = 0) -> None:
+    def __init__(self, folder: str, *, threads: int | None = None, max_num_seqs: int = 256, seed: int = 0,
+                 dtype: str = "float32") -> None:
         from tokenflow.config.engine import EngineConfig
         from tokenflow.engine.factory import make_engine
 
-        # float32: the sampler's log-probs are then those of the training model (same weights,
-        # same dtype), up to kernel order, so importance ratios start at 1.
-        config = EngineConfig(dtype="float32", device="cpu", threads=threads, max_num_seqs=max_num_seqs, seed=seed)
+        # float32 (the default): the sampler's log-probs are then the training model's (same
+        # weights, same dtype) up to kernel order, so importance ratios start at 1.
+        config = EngineConfig(dtype=dtype, device="cpu", threads=threads, max_num_seqs=max_num_seqs, seed=seed)
         self.engine = make_engine(folder, config)
         self.current = BASE.key
         self._base: dict | None = None
@@ -139,7 +144,10 @@ class Sampler:
             return
         if self._base is None:  # keep the base weights once, to come back to them
             self._base = {k: v.clone() for k, v in self.engine.model.hf_views().items()}
-        tensors = self._base if snap.tensors is None else snap.tensors
+        if snap.adapters is not None:
+            tensors = merge_adapters(self._base, snap.adapters, snap.scale)
+        else:
+            tensors = self._base if snap.tensors is None else snap.tensors
         self.engine.update_weights(list(tensors.items()), snap.version)
         self.current = snap.key
 
@@ -234,4 +242,21 @@ def keep_last(fut: Future, n: int) -> Future:
         out.set_result(r)
 
     fut.add_done_callback(done)
+    return out
+
+
+def merge_adapters(base: dict, adapters: dict, scale: float) -> dict:
+    """The base weights with each LoRA pair folded in: W + scale·B·A, under Hugging Face names
+    (peft's ``base_model.model.X.lora_A.weight`` adapts ``X.weight``). Unadapted tensors are the
+    base's own (not copied)."""
+    out = dict(base)
+    for key, a in adapters.items():
+        if ".lora_A." not in key:
+            continue
+        b = adapters[key.replace(".lora_A.", ".lora_B.")]
+        name = key.split(".lora_A.")[0].removeprefix("base_model.model.") + ".weight"
+        if name not in base:
+            raise KeyError(f"adapter {key} adapts {name}, which the engine's model does not have")
+        w = base[name]
+        out[name] = w + (scale * (b.to(w.dtype) @ a.to(w.dtype)))
     return out

@@ -54,6 +54,9 @@ class Settings:
     threads: int | None = None
     micro_batch_tokens: int = 2048
     recompute: bool = True
+    dtype: str = "float32"
+    """Training products and the engine: "float32" (sampler and trainer log-probs agree to
+    rounding) or "bfloat16" (faster on CPUs with bfloat16 units; ratios then start near, not at, 1)."""
     """Recompute each layer's activations in the backward pass (gradient checkpointing)."""
     max_models: int = 8
     max_data_tokens: int = 1 << 20
@@ -126,7 +129,7 @@ class TinkerService(RunsMixin):
 
         def load() -> dict:
             entry.training = TrainingModel(folder, lora, micro_batch_tokens=self.settings.micro_batch_tokens,
-                                           recompute=self.settings.recompute)
+                                           recompute=self.settings.recompute, dtype=self.settings.dtype)
             return {"model_id": model_id, "type": "create_model"}
 
         with self._lock:
@@ -272,7 +275,8 @@ class TinkerService(RunsMixin):
             t = self._trained(m)
             m.saves += 1
             key = loc.path if loc else f"tinker://{model_id}/sampler_weights/ephemeral-{m.saves:06d}"
-            snap = Snapshot(key, m.saves, t.sampler_weights())
+            full, adapters, scale = t.sampler_snapshot()
+            snap = Snapshot(key, m.saves, full, adapters, scale)
             with self._lock:
                 m.snapshots[key] = snap
                 ephemeral = [k for k in m.snapshots if "/ephemeral-" in k]
@@ -280,7 +284,8 @@ class TinkerService(RunsMixin):
                     del m.snapshots[k]
             if loc is not None:
                 folder = self.store.folder(loc, create=True)
-                save_file({k: v.contiguous() for k, v in snap.tensors.items()}, str(folder / "model.safetensors"))
+                merged = snap.tensors if snap.tensors is not None else t.sampler_weights()
+                save_file({k: v.contiguous() for k, v in merged.items()}, str(folder / "model.safetensors"))
                 self.store.write_meta(loc, self._meta(m, version=snap.version, steps=t.steps))
                 return {"type": "save_weights_for_sampler", "path": loc.path}
             sid = self._new_sampling_session(m.session_id, m.folder, snap, key)
@@ -332,7 +337,7 @@ class TinkerService(RunsMixin):
     def sampler_for(self, folder: str) -> Sampler:
         with self._lock:
             if folder not in self.samplers:
-                self.samplers[folder] = Sampler(folder, threads=self.settings.threads)
+                self.samplers[folder] = Sampler(folder, threads=self.settings.threads, dtype=self.settings.dtype)
             return self.samplers[folder]
 
     def sample(self, req: dict) -> str:

@@ -42,8 +42,8 @@ class TrainingModel:
     """A model being trained by one client. Not thread-safe: the service calls it from one thread."""
 
     def __init__(self, folder: str, lora: Lora | None, *, micro_batch_tokens: int = 2048,
-                 logprob_chunk: int = 512, recompute: bool = True) -> None:
-        from tokenflow.trainer.model.loading import enable_checkpointing, load_causal_lm
+                 logprob_chunk: int = 512, recompute: bool = True, dtype: str = "float32") -> None:
+        from tokenflow.trainer.model.loading import enable_checkpointing, load_causal_lm, use_fp32_lm_head
 
         self.folder, self.lora = folder, lora
         self.micro_batch_tokens, self.logprob_chunk = micro_batch_tokens, logprob_chunk
@@ -51,6 +51,11 @@ class TrainingModel:
                                device=torch.device("cpu"))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        # bfloat16: the products under autocast (master weights, gradients and Adam stay float32),
+        # as tokenflow's trainer does; the output head and log-softmax stay float32.
+        self.bf16 = dtype == "bfloat16"
+        if self.bf16:
+            use_fp32_lm_head(model)
         if recompute:  # activations of a 2,048-token micro-batch: ~2 GB instead of ~9 GB (SmolLM2)
             enable_checkpointing(model)
         if lora is not None:
@@ -164,12 +169,13 @@ class TrainingModel:
             mask[r, :n] = 1
         base = self.base_model
         decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
-        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        keep = mask.reshape(-1).bool()
-        flat = hidden.reshape(-1, hidden.shape[-1])[keep]
-        head = base.get_output_embeddings()
-        lp, _ = chunked_token_logprobs(flat, head, targets.reshape(-1)[keep], torch.ones(int(keep.sum())),
-                                       chunk=self.logprob_chunk, with_entropy=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            keep = mask.reshape(-1).bool()
+            flat = hidden.reshape(-1, hidden.shape[-1])[keep]
+            head = base.get_output_embeddings()  # float32 under autocast too (use_fp32_lm_head)
+            lp, _ = chunked_token_logprobs(flat, head, targets.reshape(-1)[keep], torch.ones(int(keep.sum())),
+                                           chunk=self.logprob_chunk, with_entropy=False)
         out = lp.new_zeros(len(batch) * width)
         out = out.index_put((keep.nonzero().squeeze(-1),), lp)
         return out.reshape(len(batch), width)
@@ -211,6 +217,12 @@ class TrainingModel:
         if self.lora is not None:
             return {k: v.detach().clone() for k, v in merged_weights(self.model)}
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def sampler_snapshot(self) -> tuple[dict | None, dict | None, float]:
+        """(full weights, adapters, scale) for a sampler snapshot: adapters alone under LoRA."""
+        if self.lora is not None:
+            return None, self.trainable_state(), LORA_ALPHA / self.lora.rank
+        return self.sampler_weights(), None, 1.0
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         from tokenflow.trainer.model.lora import adapter_state
