@@ -82,7 +82,7 @@ def _memory_lines(cfg) -> list[str]:
     """The memory estimate, as TOML comments (the output stays a loadable config)."""
     from tokenflow.model_store import resolve_model_path
     from tokenflow.model_store.catalog import BUILT_MODELS, built_model_path, is_built
-    from tokenflow.runtime.run.memory_estimate import dry_run_lines
+    from tokenflow.runtime.run.memory_budget import dry_run_lines
 
     name = cfg.model.path
     if name in BUILT_MODELS and not is_built(name):  # a dry run builds nothing

@@ -110,6 +110,19 @@ class TrainerConfig(ConfigModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
 
+    memory_budget_gb: float | None = Field(default=None, gt=0)
+    """The most host memory the trainer process may use, in GB (1e9 bytes). Before any process
+    starts, ``tokenflow train`` estimates a CPU trainer's peak (weights, gradients and AdamW
+    state, activations of a full micro-batch of ``micro_batch_tokens``, the logits of one
+    ``logprob_chunk_tokens`` chunk; ``tokenflow.runtime.run.memory_estimate``) and refuses a run
+    whose trainer would not fit, naming the estimate, the budget and the settings that would
+    fit (the largest ``micro_batch_tokens``, ``gradient_checkpointing``, a smaller
+    ``logprob_chunk_tokens``). None: the memory available when the run starts (the least of
+    /proc/meminfo's MemAvailable and the cgroup's limit less its use) less the other workers'
+    estimates. ``tokenflow train --dry-run`` prints the estimate and the budget;
+    ``runtime.check_memory = false`` turns the refusal into a warning. A trainer on a GPU is
+    not checked (its tensors live in GPU memory)."""
+
     fused_optimizer: bool = True
     """AdamW's fused kernel (one pass over each parameter, where the default implementation
     makes several): on one CPU thread, SmolLM2-135M's step takes 0.08 s instead of 0.33–0.49 s

@@ -74,7 +74,7 @@ def test_check_memory_false_warns_and_goes_on(monkeypatch, caplog, default_model
     import logging
 
     from tokenflow.errors import InputError
-    from tokenflow.runtime.run.memory_estimate import check_memory
+    from tokenflow.runtime.run.memory_budget import check_memory
 
     monkeypatch.setenv(AVAILABLE_ENV, "0.1")
     log = logging.getLogger("test-memory")

@@ -2,15 +2,16 @@
 made before any process starts, and the check that refuses a run that cannot fit.
 
     trainer  process base + fp32 weights (+ a KL reference) + grads and AdamW moments of the
-             trainable parameters + activations (per token per layer × micro-batch tokens)
+             trainable parameters + activations (per token per layer × micro-batch tokens; less
+             under bfloat16 autocast and gradient checkpointing)
              + logits (vocabulary × min(micro-batch, logprob_chunk) tokens)
     engine   process base + weights in its dtype + KV cache (max_num_seqs × longest sequence)
 
-Only what lives in host memory is compared with it: a worker on a GPU counts its process base.
-The figures are compared with MemAvailable and the cgroup's limit (``TOKENFLOW_MEMORY_AVAILABLE_GB``
-replaces both, for the check only); ``runtime.check_memory = false`` turns the refusal into a
-warning. The factors are calibrated on a CPU trainer step (docs/howto/laptop.md, "Memory").
-Standard library only: ``tokenflow train --dry-run`` prints it without importing torch.
+Only what lives in host memory is counted: a worker on a GPU counts its process base. The check
+that compares the figures with the memory available and with ``trainer.memory_budget_gb`` is
+``tokenflow.runtime.run.memory_budget``. The factors are calibrated on CPU trainer steps
+(docs/howto/laptop.md, "Memory"). Standard library only: ``tokenflow train --dry-run`` prints
+it without importing torch.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from tokenflow.errors import InputError
 GB = 1e9
 AVAILABLE_ENV = "TOKENFLOW_MEMORY_AVAILABLE_GB"
 
-# Calibrated on CPU trainer steps (VmHWM of a trainer process, `train_step` on full micro-batches):
-# the shipped tiny model and SmolLM2-135M at 512-4096 tokens (docs/howto/laptop.md, "Memory").
+# Calibrated on CPU trainer steps (VmHWM of a trainer process over two `train_step`s on full
+# micro-batches of 128-token sequences in 512-token rows): the shipped tiny model at 512-8192 tokens
+# and SmolLM2-135M at 1024-8192 (docs/howto/laptop.md, "Memory").
 PROCESS_BASE = 0.4 * GB  # an idle worker: Python, torch, transformers, our modules
-ACT_PER_HIDDEN = 16.0  # activation floats kept for the backward pass, per token per layer, × hidden
+ACT_PER_HIDDEN = 16.0  # float32 activations kept for the backward pass, per token per layer, × hidden
 ACT_PER_INTER = 5.0  # ... × intermediate (MLP) size
-CHECKPOINTED = 0.35  # the fraction of that still held at the peak with trainer.gradient_checkpointing
+AUTOCAST_BF16 = 2 / 3  # their bytes under bfloat16 autocast: matmul inputs in bfloat16, norms in float32
+CHECKPOINTED = 0.45  # the fraction of that still held at the peak with trainer.gradient_checkpointing
 LOGIT_COPIES = 4.0  # float32 logits of a chunk: logits, log-softmax, their gradients
 PROMPT_TOKENS = 256  # a prompt's length when the task's prompts are not at hand (--dry-run)
 
@@ -107,33 +110,56 @@ class Estimate:
         return out
 
 
-def _on_gpu(device: str) -> bool:
+def on_gpu(device: str) -> bool:
     if device == "cuda":
         return True
     return device == "auto" and Path("/dev/nvidiactl").exists()
+
+
+def sequence_tokens(cfg, m: ModelShape, prompt_tokens: int = PROMPT_TOKENS) -> int:
+    """The longest sequence a rollout can have: its prompt and ``sampling.max_tokens``."""
+    return min(prompt_tokens + cfg.sampling.max_tokens, cfg.engine.max_model_len or m.max_positions, m.max_positions)
+
+
+def micro_batch_fill(cfg, seq: int, micro_batch_tokens: int | None = None) -> int:
+    """The tokens of the fullest micro-batch: ``micro_batch_tokens`` (the config's when None), at
+    least one whole sequence (a longer one is a micro-batch by itself), at most the whole batch
+    (every rollout at its longest)."""
+    batch_tokens = cfg.rollout.prompts_per_step * cfg.rollout.group_size * seq
+    return min(max(micro_batch_tokens or cfg.trainer.micro_batch_tokens, seq), batch_tokens)
+
+
+def trainer_parts(cfg, m: ModelShape, tokens: int, *, checkpointing: bool | None = None,
+                  chunk: int | None = None) -> dict[str, float]:
+    """A CPU trainer's peak host memory, in bytes by part, for a micro-batch of ``tokens`` tokens;
+    ``checkpointing`` and ``chunk`` replace ``trainer.gradient_checkpointing`` and
+    ``trainer.logprob_chunk_tokens`` (to price a fix)."""
+    t = cfg.trainer
+    checkpointing = t.gradient_checkpointing if checkpointing is None else checkpointing
+    chunk = t.logprob_chunk_tokens if chunk is None else chunk
+    if t.world_size > 1:  # sharded (FSDP) trainers compute the log-probs unchunked
+        chunk = tokens
+    trainable = 0 if t.lora_rank else m.params
+    kl = cfg.algorithm.kl_coef > 0 and not (t.lora_rank and cfg.algorithm.reference_model is None)
+    floats = m.layers * (ACT_PER_HIDDEN * m.hidden + ACT_PER_INTER * m.intermediate)
+    if t.dtype == "bfloat16":
+        floats *= AUTOCAST_BF16
+    if checkpointing:  # layer inputs, a layer recomputed, its gradients: measured
+        floats *= CHECKPOINTED
+    return {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
+            "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
 
 
 def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
     """Each worker's peak host memory for ``cfg`` on the model folder ``model``."""
     m = ModelShape.read(model)
     t, e, est = cfg.trainer, cfg.engine, Estimate()
-    seq = min(prompt_tokens + cfg.sampling.max_tokens, e.max_model_len or m.max_positions, m.max_positions)
-    batch_tokens = cfg.rollout.prompts_per_step * cfg.rollout.group_size * seq
-    tokens = min(t.micro_batch_tokens, batch_tokens)  # a micro-batch holds at most the whole batch
-    trainer = {"base": PROCESS_BASE}
-    if not _on_gpu(t.device):
-        trainable = 0 if t.lora_rank else m.params
-        kl = cfg.algorithm.kl_coef > 0 and not (t.lora_rank and cfg.algorithm.reference_model is None)
-        floats = m.layers * (ACT_PER_HIDDEN * m.hidden + ACT_PER_INTER * m.intermediate)
-        if t.gradient_checkpointing:  # layer inputs, a layer recomputed, its gradients: measured
-            floats *= CHECKPOINTED
-        trainer |= {"weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
-                    "activations": 4 * tokens * floats,
-                    "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, t.logprob_chunk_tokens)}
+    seq = sequence_tokens(cfg, m, prompt_tokens)
+    trainer = trainer_parts(cfg, m, micro_batch_fill(cfg, seq)) if not on_gpu(t.device) else {"base": PROCESS_BASE}
     for rank in range(t.world_size):
         est.parts["trainer" if rank == 0 else f"trainer{rank}"] = dict(trainer)
     engine = {"base": PROCESS_BASE}
-    if not _on_gpu(e.device) and e.backend == "builtin":
+    if not on_gpu(e.device) and e.backend == "builtin":
         width = 2 if e.dtype == "bfloat16" else 4
         kv = 2 * m.layers * m.kv_dim * width * e.max_num_seqs * seq
         engine |= {"weights": width * m.params, "kv_cache": 1.5 * kv}  # growing copies the old cache
@@ -169,48 +195,3 @@ def available_bytes() -> tuple[float | None, str]:
     if not figures:
         return None, "unknown"
     return min(figures)
-
-
-def _fix(est: Estimate, cfg) -> str:
-    worst = max(est.parts, key=est.worker)
-    parts = est.parts[worst]
-    if worst.startswith("engine"):
-        return ("lower engine.max_num_seqs or sampling.max_tokens" if parts.get("kv_cache", 0) > parts.get("weights", 0)
-                else "use a smaller model")
-    big = max(parts, key=parts.get)
-    if big in ("activations", "logits"):
-        return (f"lower trainer.micro_batch_tokens (now {cfg.trainer.micro_batch_tokens})"
-                + ("" if cfg.trainer.gradient_checkpointing else " or turn on trainer.gradient_checkpointing"))
-    return "use a smaller model or trainer.lora_rank"
-
-
-def check_memory(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS, log=None) -> Estimate:
-    """Refuse (``InputError``) a run whose estimate exceeds the memory available, unless
-    ``runtime.check_memory`` is off (then a warning)."""
-    est = estimate(cfg, model, prompt_tokens)
-    have, source = available_bytes()
-    if log is not None:
-        log.info("memory estimate: %s; %.2f GB in all, %s available (%s)", "; ".join(est.lines()), est.total() / GB,
-                 f"{have / GB:.2f} GB" if have is not None else "unknown", source)
-    if have is None or est.total() <= have:
-        return est
-    msg = (f"the run needs about {est.total() / GB:.1f} GB of memory ({'; '.join(est.lines())}) but "
-           f"{have / GB:.1f} GB is available ({source}); {_fix(est, cfg)}, or set runtime.check_memory = false "
-           "to start anyway")
-    if getattr(cfg.runtime, "check_memory", True):
-        raise InputError(msg)
-    if log is not None:
-        log.warning("%s (runtime.check_memory = false: starting anyway)", msg)
-    return est
-
-
-def dry_run_lines(cfg, model: str | Path) -> list[str]:
-    """The estimate as TOML comments, for ``tokenflow train --dry-run``."""
-    est = estimate(cfg, model)
-    have, source = available_bytes()
-    out = ["# memory estimate (peak resident, host): " + f"{est.total() / GB:.2f} GB in all"]
-    out += [f"#   {line}" for line in est.lines()]
-    out.append(f"#   available: {have / GB:.2f} GB ({source})" if have is not None else "#   available: unknown")
-    if have is not None and est.total() > have:
-        out.append(f"#   does not fit: {_fix(est, cfg)}")
-    return out

@@ -7,8 +7,9 @@ worker minutes later.
     reward        importable, a function, callable as fn(prompt, completion, example) on a real
                   example, returning a number
     prompts       every character of every prompt is something the tokenizer can encode
-    memory        the workers' estimated peak memory fits in what the machine has
-                  (``tokenflow.runtime.run.memory_estimate``; ``runtime.check_memory``)
+    memory        the workers' estimated peak memory fits in what the machine has, and the trainer's
+                  in ``trainer.memory_budget_gb`` (``tokenflow.runtime.run.memory_budget``;
+                  ``runtime.check_memory``)
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ def check_prompts_encode(task, encode) -> None:
 def check_memory(cfg, model: str, task, tokenizer) -> None:
     """The run's estimated peak memory fits in what is available, or an ``InputError`` naming the
     numbers and the setting to lower; prompts' lengths from the task's first prompts."""
-    from tokenflow.runtime.run.memory_estimate import PROMPT_TOKENS, check_memory as check
+    from tokenflow.runtime.run.memory_budget import check_memory as check
+    from tokenflow.runtime.run.memory_estimate import PROMPT_TOKENS
 
     try:
         prompts = [*task.eval_prompts()[:16], *(task.train_prompt(i) for i in range(16))]
