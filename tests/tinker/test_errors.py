@@ -125,3 +125,29 @@ def test_a_key_is_required_when_the_service_has_one(tmp_path, monkeypatch):
             caps = sc.get_server_capabilities()
             assert any(m.model_name == "default" for m in caps.supported_models)
     svc.close()
+
+
+def test_a_session_that_stops_beating_is_finished_and_its_models_unloaded(tmp_path):
+    import time
+
+    import httpx
+
+    from tokenflow.serve.server import BackgroundServer
+    from tokenflow.tinker.app import create_app
+    from tokenflow.tinker.service import Settings, TinkerService
+
+    svc = TinkerService(Settings(root=str(tmp_path), session_timeout_s=1.0, max_models=1))
+    with BackgroundServer(create_app(svc)) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        gone = http.post("/api/v1/create_session", json={}).json()["session_id"]  # a client that dies
+        rid = http.post("/api/v1/create_model", json={"session_id": gone, "base_model": "default",
+                                                      "lora_config": {"rank": 2}}).json()["request_id"]
+        model_id = http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()["model_id"]
+        time.sleep(1.5)
+        alive = http.post("/api/v1/create_session", json={}).json()["session_id"]  # sweeps the dead one
+        rid = http.post("/api/v1/create_model", json={"session_id": alive, "base_model": "default",
+                                                      "lora_config": {"rank": 2}}).json()["request_id"]
+        assert "model_id" in http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()  # the slot is free
+        assert model_id not in svc.models
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": gone}).status_code == 410
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": alive}).status_code == 200
+    svc.close()

@@ -31,6 +31,8 @@ def register(subparsers) -> None:
                    help="rows × longest datum per forward pass: bounds the activations a call may hold")
     p.add_argument("--max-data-tokens", type=int, default=1 << 20,
                    help="tokens in one forward_backward call (the SDK splits larger batches)")
+    p.add_argument("--session-timeout", type=float, default=300.0,
+                   help="seconds without a heartbeat or call after which a session's models are unloaded")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="training products and sampling: float32 (sampler and trainer log-probs agree) or "
                         "bfloat16 (faster where the CPU has bfloat16 units)")
@@ -62,6 +64,7 @@ def run(args) -> int:
     service = TinkerService(Settings(root=args.root or default_root(), threads=args.threads,
                                      max_models=args.max_models, micro_batch_tokens=args.micro_batch_tokens,
                                      max_data_tokens=args.max_data_tokens, recompute=not args.no_recompute,
+                                     session_timeout_s=args.session_timeout,
                                      dtype=args.dtype))
     service.config = serve_config([])  # the HTTP server's deadlines and connection cap (docs/serve.md)
     app = create_app(service, api_key=api_key)

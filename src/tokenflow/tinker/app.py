@@ -56,6 +56,9 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
             return await call_next(request)
         except TinkerError as e:
             return JSONResponse(e.body(), status_code=e.status)
+        except Exception as e:  # a bug of ours: the SDK's server category, and the service goes on
+            log.exception("tinker: %s %s failed", request.method, request.url.path)
+            return JSONResponse({"error": f"{type(e).__name__}: {e}", "category": "server"}, status_code=500)
 
     async def body(request: Request) -> dict:
         raw = await request.body()
@@ -112,7 +115,8 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
-        service.session((await body(request)).get("session_id", ""))
+        if not service.heartbeat(str((await body(request)).get("session_id", ""))):
+            return JSONResponse({"error": "the session has finished (or expired)", "category": "user"}, status_code=410)
         return {"type": "session_heartbeat"}
 
     # -- models ------------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ class RunsMixin:
 
     def finish_session(self, session_id: str) -> None:
         """The client is done: unload its models (on the training thread, after its calls)."""
-        for model_id in list(self.session(session_id)["models"]):
+        if session_id not in self.sessions:
+            return
+        for model_id in list(self.sessions[session_id]["models"]):
             if model_id in self.models:
                 self.unload(model_id)
         with self._lock:

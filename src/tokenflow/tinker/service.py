@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +62,9 @@ class Settings:
     max_models: int = 8
     max_data_tokens: int = 1 << 20
     """Tokens in one forward_backward call (summed over datums); the SDK splits larger batches."""
+    session_timeout_s: float = 300.0
+    """A session not heard from for this long (the SDK heartbeats every 10 s) is finished: its
+    models are unloaded, so a client that died does not hold them until the service stops."""
     ephemeral_snapshots: int = 3
     """Unnamed sampler snapshots kept in memory per model (the newest); older ones must be saved again."""
 
@@ -80,16 +84,36 @@ class TinkerService(RunsMixin):
     # -- sessions ------------------------------------------------------------------------------
 
     def create_session(self, metadata: dict | None) -> str:
+        self.sweep()
         sid = f"session-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            self.sessions[sid] = {"metadata": metadata or {}, "models": [], "model_seq": {}}
+            self.sessions[sid] = {"metadata": metadata or {}, "models": [], "seen": time.monotonic()}
         return sid
 
     def session(self, sid: str) -> dict:
         s = self.sessions.get(sid)
         if s is None:
             raise user_error(f"unknown session_id {sid!r}: create a session first (the SDK's ServiceClient does)")
+        s["seen"] = time.monotonic()
         return s
+
+    def heartbeat(self, sid: str) -> bool:
+        """False when the session is gone (finished or expired): the SDK then stops beating."""
+        self.sweep()
+        if sid not in self.sessions:
+            return False
+        self.session(sid)
+        return True
+
+    def sweep(self) -> None:
+        """Finish every session not heard from within ``session_timeout_s``."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, v in self.sessions.items() if now - v["seen"] > self.settings.session_timeout_s]
+        for sid in stale:
+            log.warning("tinker: session %s sent nothing for %.0f s; finishing it (its models are unloaded)",
+                        sid, now - self.sessions[sid]["seen"])
+            self.finish_session(sid)
 
     def model(self, model_id: str) -> ModelEntry:
         m = self.models.get(model_id)
@@ -114,6 +138,7 @@ class TinkerService(RunsMixin):
                              "or a local Hugging Face model folder") from None
 
     def create_model(self, session_id: str, base_model: str, lora: Lora | None, model_seq_id: int | None = None) -> str:
+        self.sweep()
         self.session(session_id)
         with self._lock:
             if len(self.models) >= self.settings.max_models:
@@ -149,6 +174,8 @@ class TinkerService(RunsMixin):
     def ordered(self, model_id: str, seq_id: int | None, fn) -> str:
         """Queue ``fn`` on the training thread as call ``seq_id`` of ``model_id``; its request id."""
         m = self.model(model_id)
+        if m.session_id in self.sessions:
+            self.sessions[m.session_id]["seen"] = time.monotonic()
         with self._lock:
             if seq_id is not None:
                 if seq_id in m.by_seq:
@@ -289,7 +316,8 @@ class TinkerService(RunsMixin):
                 self.store.write_meta(loc, self._meta(m, version=snap.version, steps=t.steps))
                 return {"type": "save_weights_for_sampler", "path": loc.path}
             sid = self._new_sampling_session(m.session_id, m.folder, snap, key)
-            return {"type": "save_weights_for_sampler", "path": key, "sampling_session_id": sid}
+            # No path for an unnamed snapshot: SDKs up to 0.16 assert there is none.
+            return {"type": "save_weights_for_sampler", "sampling_session_id": sid}
 
         return self.ordered(model_id, seq_id, run)
 
