@@ -25,14 +25,15 @@ CHARS = "0123456789+-*=,> "  # the tiny model's tokens: ids 3.. (0 <pad>, 1 <bos
 
 
 class Addition:
-    max_tokens = 48
+    max_tokens = 80
 
     def __init__(self, training, rng):
         self.rng, self.stop = rng, [2]  # <eos>
 
     def prompts(self, n):
-        pairs = [(self.rng.randint(10, 999), self.rng.randint(10, 999)) for _ in range(n)]
-        return [([3 + CHARS.index(c) for c in f"{a}+{b}="], a + b) for a, b in pairs]
+        pairs = [(self.rng.randint(100, 99999), self.rng.randint(100, 99999)) for _ in range(n)]  # long sums: room to learn
+        # <bos> first: the tiny model was trained with it, and answers far worse without it.
+        return [([1] + [3 + CHARS.index(c) for c in f"{a}+{b}="], a + b) for a, b in pairs]
 
     def reward(self, answer, tokens, stop_reason):
         text = "".join(CHARS[t - 3] for t in tokens if t >= 3)  # "7+5=12,4+8+1=13,3+0+1=4>432"
