@@ -23,6 +23,9 @@ from tokenflow.tinker.wire import Sampled, Sequence
 
 log = logging.getLogger(__name__)
 
+BATCH_WINDOW_S = 0.02
+"""How long the sampler waits after a request for more to batch with it (until none comes)."""
+
 
 @dataclass
 class Snapshot:
@@ -118,8 +121,10 @@ class Sampler:
                 return
             calls = [first]
             while True:
+                # A client sends a step's requests one after another: wait a moment for the rest,
+                # so that they share one batch instead of the first running alone.
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = self._queue.get(timeout=BATCH_WINDOW_S)
                 except queue.Empty:
                     break
                 if nxt is None:
