@@ -68,7 +68,9 @@ class TrainingModel:
 
     @staticmethod
     def _with_adapters(model, lora: Lora):
-        from peft import LoraConfig, get_peft_model
+        from types import SimpleNamespace
+
+        from tokenflow.trainer.model.lora import add_lora
 
         if lora.rank < 1 or lora.rank > 1024:
             raise user_error(f"lora_config.rank must be between 1 and 1024, got {lora.rank}")
@@ -81,8 +83,9 @@ class TrainingModel:
             raise user_error("lora_config trains nothing: set train_attn, train_mlp or train_unembed")
         if lora.seed is not None:
             torch.manual_seed(lora.seed)
-        config = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets, bias="none")
-        return get_peft_model(model, config)
+        # The trainer's own wrapping (tokenflow.trainer.model.lora), with the SDK's choices.
+        return add_lora(model, SimpleNamespace(lora_rank=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                               lora_target_modules=targets))
 
     # -- forward -------------------------------------------------------------------------------
 
