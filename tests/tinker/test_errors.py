@@ -151,3 +151,13 @@ def test_a_session_that_stops_beating_is_finished_and_its_models_unloaded(tmp_pa
         assert http.post("/api/v1/session_heartbeat", json={"session_id": gone}).status_code == 410
         assert http.post("/api/v1/session_heartbeat", json={"session_id": alive}).status_code == 200
     svc.close()
+
+
+def test_a_model_that_would_not_fit_is_refused_before_it_loads(service, client, monkeypatch):
+    monkeypatch.setenv("TOKENFLOW_MEMORY_AVAILABLE_GB", "0.05")  # the figure available_bytes() reads first
+    held = set(service[1].models)
+    err = _user_error(lambda: client.create_lora_training_client(base_model="default", rank=4).result(),
+                      "needs about", "--micro-batch-tokens", "0.05 GB is available")
+    assert set(service[1].models) == held, err  # nothing was loaded
+    monkeypatch.setenv("TOKENFLOW_MEMORY_AVAILABLE_GB", "64")
+    assert client.create_lora_training_client(base_model="default", rank=4).result().model_id

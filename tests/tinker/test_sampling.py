@@ -6,6 +6,7 @@ are the model's, and a named snapshot survives on disk for a new sampling client
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.tinker.tinker_testlib import datums, logprob_bound, saved_state, sdk_datum, token_logprobs
@@ -56,7 +57,7 @@ def test_a_snapshot_samples_with_the_updated_models_logprobs_and_its_version(ser
     svc = service[1]
     model = svc.models[tc.model_id]
     snap = next(reversed(model.snapshots.values()))
-    rid = svc.sample({"sampling_session_id": next(k for k, v in svc.sampling_sessions.items() if v[2] is snap),
+    rid = svc.sample({"sampling_session_id": next(k for k, v in svc.sampling_sessions.items() if v[2] == snap.key),
                       "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
                       "num_samples": 2, "sampling_params": {"max_tokens": 4}})
     drawn = svc.futures.get(rid).result(timeout=60)
@@ -112,3 +113,23 @@ def test_a_named_snapshot_is_on_disk_and_samples_in_a_new_client(service, client
     assert [len(s.tokens) for s in res.sequences] == [3, 3] or all(s.stop_reason == "stop" for s in res.sequences)
     listed = service[1].checkpoints(tc.model_id)
     assert any(c["tinker_path"] == path and c["checkpoint_type"] == "sampler" for c in listed)
+
+
+def test_at_most_three_snapshots_a_model_are_held_and_older_ones_say_so_or_come_back_from_disk(service, client):
+    import tinker
+    from tinker import types
+
+    tc = _trained(client)
+    named = tc.save_weights_for_sampler("kept-on-disk").result().path
+    first = tc.save_weights_and_get_sampling_client().result()
+    for _ in range(3):
+        last = tc.save_weights_and_get_sampling_client().result()
+    model = service[1].models[tc.model_id]
+    assert len(model.snapshots) == 3 and named not in model.snapshots
+    prompt, params = types.ModelInput.from_ints([5, 6, 7]), types.SamplingParams(max_tokens=2)
+    assert len(last.sample(prompt, num_samples=1, sampling_params=params).result().sequences) == 1
+    with pytest.raises(tinker.RequestFailedError) as info:
+        first.sample(prompt, num_samples=1, sampling_params=params).result()
+    assert "no longer held" in str(info.value) and "save the weights again" in str(info.value)
+    again = client.create_sampling_client(model_path=named).result()  # read back from its checkpoint
+    assert len(again.sample(prompt, num_samples=2, sampling_params=params).result().sequences) == 2

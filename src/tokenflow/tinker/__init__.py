@@ -11,5 +11,6 @@ JSON and the SDK's protobuf schema), ``losses`` (the SDK's loss names over
 ``sampling`` (engines and snapshots), ``store`` (checkpoints on disk), ``futures``,
 ``service`` (sessions, models, ordering), ``app`` (the HTTP routes).
 
-May import: layers 1-4. Nothing is imported here: ``import tokenflow`` stays light.
+May import: layers 1-4, and the runtime's memory estimate (`tokenflow.runtime.run.memory_estimate`,
+the figures `tokenflow train` checks) to refuse a model that would not fit before loading it. Nothing is imported here: ``import tokenflow`` stays light.
 """

@@ -59,8 +59,7 @@ class RunsMixin:
         lora = meta.get("lora")
         cfg = None if lora is None else Lora(rank=lora["rank"], train_unembed=lora["train_unembed"],
                                              train_mlp=lora["train_mlp"], train_attn=lora["train_attn"])
-        rid = self.create_model(session_id, meta["base_model"], cfg, model_seq_id)
-        model_id = self.last_created
+        rid, model_id = self.new_model(session_id, meta["base_model"], cfg, model_seq_id)
         inner = self.futures.get(self.load_state(model_id, None, path, optimizer))
         return self.futures.add(_then(self.futures.get(rid), inner, model_id, path), session_id)
 

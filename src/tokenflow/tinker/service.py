@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,8 @@ from tokenflow.tinker import losses, store
 from tokenflow.tinker.errors import TinkerError, user_error
 from tokenflow.tinker.futures import Futures
 from tokenflow.tinker.runs import RunsMixin
-from tokenflow.tinker.sampling import BASE, Sampler, Snapshot, keep_last, sample_call
+from tokenflow.tinker.samplers import SamplingMixin
+from tokenflow.tinker.sampling import Sampler, Snapshot
 from tokenflow.tinker.training import Lora, TrainingModel
 from tokenflow.tinker.wire import ForwardBackwardCall
 
@@ -65,18 +66,23 @@ class Settings:
     session_timeout_s: float = 300.0
     """A session not heard from for this long (the SDK heartbeats every 10 s) is finished: its
     models are unloaded, so a client that died does not hold them until the service stops."""
-    ephemeral_snapshots: int = 3
-    """Unnamed sampler snapshots kept in memory per model (the newest); older ones must be saved again."""
+    snapshots_in_memory: int = 3
+    """Sampler snapshots held in memory per model, the newest (and as many read back from disk for
+    the whole service): an older unnamed one must be saved again, an older named one is read back
+    from its checkpoint when sampled."""
 
 
-class TinkerService(RunsMixin):
+class TinkerService(RunsMixin, SamplingMixin):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = store.Store(settings.root)
         self.futures = Futures()
         self.sessions: dict[str, dict] = {}
         self.models: dict[str, ModelEntry] = {}
-        self.sampling_sessions: dict[str, tuple[str, str, Snapshot, str | None]] = {}  # id -> (session, folder, snapshot, path)
+        # id -> (owner session, base model folder, snapshot key or None for the base model, path):
+        # keys, not snapshots, so a session does not keep an evicted snapshot's weights alive.
+        self.sampling_sessions: dict[str, tuple[str, str, str | None, str | None]] = {}
+        self._from_disk: OrderedDict[str, tuple[Snapshot, str]] = OrderedDict()
         self.samplers: dict[str, Sampler] = {}
         self._lock = threading.RLock()
         self._train = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
@@ -138,6 +144,11 @@ class TinkerService(RunsMixin):
                              "or a local Hugging Face model folder") from None
 
     def create_model(self, session_id: str, base_model: str, lora: Lora | None, model_seq_id: int | None = None) -> str:
+        return self.new_model(session_id, base_model, lora, model_seq_id)[0]
+
+    def new_model(self, session_id: str, base_model: str, lora: Lora | None,
+                  model_seq_id: int | None = None) -> tuple[str, str]:
+        """(request id of the load, model id)."""
         self.sweep()
         self.session(session_id)
         with self._lock:
@@ -145,6 +156,7 @@ class TinkerService(RunsMixin):
                 raise user_error(f"the service holds {len(self.models)} models, its limit (--max-models); "
                                  "unload one or restart with a higher limit")
         folder = self.resolve(base_model)
+        self._check_memory(folder, lora)
         with self._lock:  # the SDK's own naming: it derives the id of a model made from a state
             seq = model_seq_id if isinstance(model_seq_id, int) else len(self.sessions[session_id]["models"])
             model_id = f"{session_id}:train:{seq}"
@@ -160,8 +172,31 @@ class TinkerService(RunsMixin):
         with self._lock:
             self.models[model_id] = entry
             self.sessions[session_id]["models"].append(model_id)
-            self.last_created = model_id
-        return self.futures.add(self._train.submit(self._guard(load)), session_id)
+        return self.futures.add(self._train.submit(self._guard(load)), session_id), model_id
+
+    def _check_memory(self, folder: str, lora: Lora | None) -> None:
+        """Refuse a model whose training would not fit the memory available now, before loading
+        it: `tokenflow.runtime.run.memory_estimate`'s trainer estimate (the one `tokenflow train`
+        checks) for a full micro-batch of ``micro_batch_tokens`` with this service's settings."""
+        from types import SimpleNamespace
+
+        from tokenflow.runtime.run.memory_estimate import GB, ModelShape, available_bytes, trainer_parts
+
+        have, source = available_bytes()
+        if have is None:
+            return
+        st = self.settings
+        cfg = SimpleNamespace(
+            trainer=SimpleNamespace(gradient_checkpointing=st.recompute, logprob_chunk_tokens=512, world_size=1,
+                                    lora_rank=lora.rank if lora else None, dtype=st.dtype),
+            algorithm=SimpleNamespace(kl_coef=0.0, reference_model=None))
+        need = sum(trainer_parts(cfg, ModelShape.read(folder), st.micro_batch_tokens).values())
+        if need > have:
+            raise user_error(
+                f"training {folder} needs about {need / GB:.2f} GB with --micro-batch-tokens "
+                f"{st.micro_batch_tokens} ({'LoRA' if lora else 'full fine-tuning'}), but {have / GB:.2f} GB is "
+                f"available ({source}): unload another client's model, use LoRA, or restart the service with "
+                "a smaller --micro-batch-tokens")
 
     def info(self, model_id: str) -> dict:
         m = self.model(model_id)
@@ -303,90 +338,22 @@ class TinkerService(RunsMixin):
             m.saves += 1
             key = loc.path if loc else f"tinker://{model_id}/sampler_weights/ephemeral-{m.saves:06d}"
             full, adapters, scale = t.sampler_snapshot()
-            snap = Snapshot(key, m.saves, full, adapters, scale)
+            snap = Snapshot(key, t.steps, full, adapters, scale)  # its policy version: the steps taken
             with self._lock:
                 m.snapshots[key] = snap
-                ephemeral = [k for k in m.snapshots if "/ephemeral-" in k]
-                for k in ephemeral[: max(0, len(ephemeral) - self.settings.ephemeral_snapshots)]:
-                    del m.snapshots[k]
+                while len(m.snapshots) > self.settings.snapshots_in_memory:
+                    m.snapshots.popitem(last=False)
             if loc is not None:
                 folder = self.store.folder(loc, create=True)
                 merged = snap.tensors if snap.tensors is not None else t.sampler_weights()
                 save_file({k: v.contiguous() for k, v in merged.items()}, str(folder / "model.safetensors"))
                 self.store.write_meta(loc, self._meta(m, version=snap.version, steps=t.steps))
                 return {"type": "save_weights_for_sampler", "path": loc.path}
-            sid = self._new_sampling_session(m.session_id, m.folder, snap, key)
+            sid = self._new_sampling_session(m.session_id, m.folder, key, None)
             # No path for an unnamed snapshot: SDKs up to 0.16 assert there is none.
             return {"type": "save_weights_for_sampler", "sampling_session_id": sid}
 
         return self.ordered(model_id, seq_id, run)
-
-    # -- sampling ------------------------------------------------------------------------------
-
-    def _new_sampling_session(self, session_id: str, folder: str, snap: Snapshot, path: str | None) -> str:
-        sid = f"sampler-{uuid.uuid4().hex[:16]}"
-        with self._lock:
-            self.sampling_sessions[sid] = (session_id, folder, snap, path)
-        return sid
-
-    def create_sampling_session(self, session_id: str, base_model: str | None, model_path: str | None) -> str:
-        self.session(session_id)
-        if model_path:
-            snap, folder = self._snapshot(model_path)
-        elif base_model:
-            snap, folder = BASE, self.resolve(base_model)
-        else:
-            raise user_error("create_sampling_session needs base_model or model_path")
-        return self._new_sampling_session(session_id, folder, snap, model_path)
-
-    def _snapshot(self, path: str) -> tuple[Snapshot, str]:
-        loc = store.parse(path)
-        if loc.kind != "sampler_weights":
-            raise user_error(f"{path} is a training state; sample from a sampler checkpoint "
-                             "(save_weights_for_sampler) instead")
-        m = self.models.get(loc.model_id)
-        if m is not None and path in m.snapshots:
-            return m.snapshots[path], m.folder
-        if loc.name.startswith("ephemeral-"):
-            raise user_error(f"{path} is no longer held (only the newest {self.settings.ephemeral_snapshots} "
-                             "unnamed snapshots per model are kept): save the weights again")
-        meta = self.store.meta(loc)
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(self.store.folder(loc) / "model.safetensors"))
-        return Snapshot(path, int(meta.get("version", 0)), tensors), self.resolve(meta["base_model"])
-
-    def sampler_info(self, sampler_id: str) -> dict:
-        s = self.sampling_sessions.get(sampler_id)
-        if s is None:
-            raise user_error(f"unknown sampling session {sampler_id!r}")
-        return {"sampler_id": sampler_id, "base_model": s[1], "model_path": s[3]}
-
-    def sampler_for(self, folder: str) -> Sampler:
-        with self._lock:
-            if folder not in self.samplers:
-                self.samplers[folder] = Sampler(folder, threads=self.settings.threads, dtype=self.settings.dtype)
-            return self.samplers[folder]
-
-    def sample(self, req: dict) -> str:
-        sid = req.get("sampling_session_id")
-        if sid:
-            if sid not in self.sampling_sessions:
-                raise user_error(f"unknown sampling_session_id {sid!r}")
-            owner, folder, snap, _ = self.sampling_sessions[sid]
-        elif req.get("model_path"):
-            snap, folder = self._snapshot(req["model_path"])
-            owner = ""
-        elif req.get("base_model"):
-            snap, folder, owner = BASE, self.resolve(req["base_model"]), ""
-        else:
-            raise user_error("sample needs sampling_session_id, model_path or base_model")
-        call = sample_call(req, snap)
-        sampler = self.sampler_for(folder)
-        fut = sampler.submit(call)
-        if call.prompt_logprobs_last_n is not None:
-            fut = keep_last(fut, call.prompt_logprobs_last_n)
-        return self.futures.add(fut, owner)
 
     def close(self) -> None:
         self._train.shutdown(wait=False, cancel_futures=True)
