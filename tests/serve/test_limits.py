@@ -369,8 +369,9 @@ def test_a_stop_ends_calls_in_flight_within_its_time_and_logs_no_traceback(caplo
 # ---- sessions ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_sessions_are_bounded_in_number_calls_and_idle_time():
+def test_sessions_are_bounded_in_number_calls_and_idle_time(monkeypatch):
     import asyncio
+    import types
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI
@@ -382,12 +383,18 @@ def test_sessions_are_bounded_in_number_calls_and_idle_time():
     from tokenflow.serve.app import openai_router
     from tokenflow.serve.driver import EngineDriver
     from tokenflow.serve.server import BackgroundServer
+    from tokenflow.serve import sessions as sessions_module
     from tokenflow.serve.sessions import SessionLimitError, SessionService
 
     engine = make_engine(resolve_model_path("default"), EngineConfig(device="cpu", threads=1, max_num_seqs=8))
     driver = EngineDriver(engine)
     service = SessionService(driver, config=ServeConfig(max_sessions=2, max_calls_per_session=2,
-                                                         session_idle_s=0.5))
+                                                         session_idle_s=60.0))
+    # idle time runs on a clock the test moves: a loaded machine's real pauses between opening
+    # a session and calling it must not close it (CI once saw 404s with a 0.5 s idle time)
+    skipped = [0.0]
+    monkeypatch.setattr(sessions_module, "time",
+                        types.SimpleNamespace(monotonic=lambda: time.monotonic() + skipped[0]))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -414,7 +421,7 @@ def test_sessions_are_bounded_in_number_calls_and_idle_time():
             r = call("a")
             assert r.status_code == 400 and _shape(r.json())["code"] == "session_call_limit_exceeded"
             assert len(service.sessions["a"].calls) == 2
-            time.sleep(0.7)  # both idle past 0.5 s: closed, and room for new ones
+            skipped[0] += 61  # both idle past 60 s: closed, and room for new ones
             r = call("b")
             assert r.status_code == 404 and _shape(r.json())["code"] == "session_not_found"
             assert not service.sessions
@@ -427,7 +434,8 @@ def test_sessions_are_bounded_in_number_calls_and_idle_time():
             try:
                 running = threading.Thread(target=lambda: out.append(call("c", ignore_eos=True).status_code))
                 running.start()  # 30 steps: 1.5 s
-                time.sleep(0.8)
+                time.sleep(0.5)
+                skipped[0] += 61  # "d" idle past 60 s while "c" runs
                 assert call("d").status_code == 404
                 running.join(30)
             finally:

@@ -76,7 +76,8 @@ class Session:
     """Calls accepted (the ``max_calls_per_session`` count)."""
     running: int = 0
     """Calls accepted and not finished."""
-    last_active: float = field(default_factory=time.monotonic)
+    # looked up when a session opens (not bound here), so a test can move the clock
+    last_active: float = field(default_factory=lambda: time.monotonic())
     """When a call last began or ended (or the session opened)."""
 
 
