@@ -29,6 +29,25 @@ import time
 import torch
 
 
+def _print_resident() -> None:
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("VmHWM", "VmRSS")))
+    print(f"  resident memory (engine and trainer in this process): now {int(status['VmRSS'].split()[0]) / 2**20:.2f} GB, "
+          f"peak {int(status['VmHWM'].split()[0]) / 2**20:.2f} GB")
+
+
+def _floor_share(trainer, cfg, tokens_per_s: float) -> None:
+    """The trainer's rate against this machine's matmul floor: 6 x the parameters a token's
+    products use, at the measured matmul rate in the trainer's dtype and threads."""
+    from tokenflow.bench.floors import matmul_rate, model_figures
+
+    model = trainer.model
+    rate = matmul_rate(model.config.hidden_size, cfg.trainer.dtype)
+    floor = rate / (6 * model_figures(model)["product_params"])
+    print(f"  matmul floor: {rate / 1e9:.0f} GFLOP/s ({cfg.trainer.dtype}, {torch.get_num_threads()} threads) "
+          f"-> {floor:.0f} tokens/s; the unprofiled step trained {tokens_per_s:.0f} tokens/s = "
+          f"{tokens_per_s / floor:.0%} of the floor")
+
+
 def _generate(engine, task, tokenizer, cfg, cursor: int):
     from tokenflow.engine import SamplingParams
     from tokenflow.tasks.prompts import prompt_encoder
@@ -115,15 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     runner = trainer.runner
     _label(runner, "logprobs", "5a forward (model + log-probs)")
 
-    def step(cursor: int) -> tuple[dict, float]:
+    def step(cursor: int) -> tuple[list, dict, float]:
         rollouts = _generate(engine, task, tokenizer, cfg, cursor)
         t0 = time.perf_counter()
         m = trainer.train_step(rollouts)
+        wall = time.perf_counter() - t0
         engine.update_weights(trainer.named_weights(), trainer.version)
-        return m, time.perf_counter() - t0
+        return rollouts, m, wall
 
     cursor = 0
-    step(cursor)  # warm-up
+    first_rollouts, first_metrics, first_wall = step(cursor)  # warm-up: the process's first step
     cursor += cfg.rollout.prompts_per_step
     walls, metrics, padded, zero_groups, rewards_mean = [], [], [], [], []
     ops: dict[str, list[float]] = {}  # operator → [self CPU µs, calls], train_step only
@@ -159,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             acc[2] += e.cpu_time_total
         metrics.append(m)
         engine.update_weights(trainer.named_weights(), trainer.version)
+    # The first step's batch once more, unprofiled: a later step of exactly the same size.
+    t0 = time.perf_counter()
+    again = trainer.train_step(first_rollouts)
+    again_wall = time.perf_counter() - t0
     load = os.getloadavg()
     n = len(walls)
     print(f"trainer threads {torch.get_num_threads()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -173,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key}: {sum(m[key] for m in metrics) / n:.1f} per step")
     print(f"  padded tokens {sum(padded) / n:.0f}/step ({1 - sum(m['perf/train_tokens'] for m in metrics) / max(sum(padded), 1):.1%} padding); "
           f"groups with equal rewards {sum(zero_groups) / n:.1%}")
+    print(f"  first step {first_wall:.2f} s ({first_metrics['perf/train_tokens']:.0f} tokens); the same batch "
+          f"again at the end {again_wall:.2f} s ({again['perf/train_tokens']:.0f} tokens): "
+          f"first/later {first_wall / max(again_wall, 1e-9):.2f}x")
+    _floor_share(trainer, cfg, again["perf/train_tokens"] / max(again_wall, 1e-9))
+    if os.path.exists("/proc/self/status"):  # Linux
+        _print_resident()
     print("\nphase (inclusive CPU time per step, under the profiler):")
     for key in sorted(k for k in ops if k[:1].isdigit()):
         t = ops[key][2] / 1e6 / n

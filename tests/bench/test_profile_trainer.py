@@ -23,3 +23,4 @@ def test_profile_prints_the_phases_of_a_step():
     for phase in ("1 sequences", "3 advantages", "4 pack micro-batches", "5a forward", "5b loss terms", "6 optimizer"):
         assert phase in out, phase
     assert "aten::mm" in out  # the operator table
+    assert "first/later" in out and "of the floor" in out  # issue 38's two trainer figures

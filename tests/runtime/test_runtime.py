@@ -172,3 +172,20 @@ def test_two_engines_over_a_striped_broadcast(tmp_path):
     assert {"engine0", "engine1"} <= set(json.loads((run / "workers.json").read_text()))
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
     assert len(consumed) == len(set(consumed)) == 4 * 4
+
+
+def test_weights_travel_as_bfloat16_to_a_bfloat16_engine(tmp_path):
+    """``sync.dtype = "auto"`` with a bfloat16 engine: the shared slots hold bfloat16 (half the
+    bytes of a float32 run's), and every load is verified by a checksum of the rounded values, so
+    the engine runs exactly the weights the trainer holds, rounded as its own load would round
+    them. Synchronous: the engine's log-probs then match the trainer's up to bfloat16 compute."""
+    def run(name: str, *extra: str) -> list[dict]:
+        cfg = small_config("--run.steps", "2", "--sync.checksum", "true", "--rollout.max_staleness", "0",
+                           "--run.checkpoint_every", "0", "--engine.dtype", "bfloat16", *extra)
+        summary = train(cfg, tmp_path / name)
+        assert summary["steps"] == 2
+        return step_rows(tmp_path / name)
+
+    bf16 = run("bf16")
+    fp32 = run("fp32", "--sync.dtype", "float32")
+    assert {r["sync/bytes"] for r in bf16} == {fp32[0]["sync/bytes"] / 2}, (bf16, fp32[0]["sync/bytes"])

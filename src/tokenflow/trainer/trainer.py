@@ -36,6 +36,7 @@ from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model.loading import load_policy
+from tokenflow.host_memory import release_freed_memory
 from tokenflow.trainer.model.memory import keep_host_memory
 from tokenflow.trainer.model.runner import CausalLMRunner
 from tokenflow.trainer.model.value_head import ValueHead
@@ -83,6 +84,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
         keep_host_memory(config.keep_host_memory, self.device)
+        # off on a CPU trainer: each step hands its freed memory back (release_freed_memory)
+        self.trims_memory = self.device.type == "cpu" and not config.keep_host_memory
         loaded = load_policy(model, config, algorithm, self.device)
         self.model, self.reference, self.is_lora = loaded.model, loaded.reference, loaded.is_lora
         self.stochastic = loaded.stochastic
@@ -220,6 +223,8 @@ class Trainer:
             "perf/micro_batches": float(n_micro), "perf/tokens_per_s": forwarded / max(elapsed, 1e-9),
             "time/train_s": elapsed,
         })
+        if self.trims_memory:
+            release_freed_memory()
         return metrics
 
     def _trained_age(self, train: list[TrainSequence]) -> float:

@@ -87,3 +87,20 @@ def test_check_memory_false_warns_and_goes_on(monkeypatch, caplog, default_model
         est = check_memory(small_config("--runtime.check_memory", "false"), default_model, log=log)
     assert est.total() > 0.1 * GB
     assert "runtime.check_memory = false: starting anyway" in caplog.text
+
+
+def test_the_weight_sync_slots_and_a_background_checkpoints_copy_are_counted(default_model):
+    """Two shared-memory slots of the weights as they travel (half the bytes when they travel as
+    bfloat16), and the copy a background checkpoint keeps: float32 weights and AdamW's moments."""
+    params = ModelShape.read(default_model).params
+
+    def trainer(*overrides: str) -> dict:
+        return estimate(small_config(*overrides), default_model).parts["trainer"]
+
+    assert trainer("--engine.dtype", "float32")["sync_slots"] == 2 * 4 * params
+    assert trainer("--engine.dtype", "bfloat16")["sync_slots"] == 2 * 2 * params
+    assert trainer("--engine.dtype", "bfloat16", "--sync.dtype", "float32")["sync_slots"] == 2 * 4 * params
+    assert "sync_slots" not in trainer("--sync.transport", "broadcast")
+    assert trainer("--run.checkpoint_every", "5")["checkpoint_copy"] == 4 * params + 8 * params
+    assert "checkpoint_copy" not in trainer("--run.checkpoint_every", "5", "--run.checkpoint_background", "false")
+    assert "checkpoint_copy" not in trainer("--run.checkpoint_every", "0")

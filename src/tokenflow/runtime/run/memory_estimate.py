@@ -5,6 +5,7 @@ made before any process starts, and the check that refuses a run that cannot fit
              trainable parameters + activations (per token per layer × micro-batch tokens; less
              under bfloat16 autocast and gradient checkpointing)
              + logits (vocabulary × min(micro-batch, logprob_chunk) tokens)
+             + the weight sync's two shared-memory slots + a background checkpoint's copy
     engine   process base + weights in its dtype + KV cache (max_num_seqs × longest sequence)
 
 Only what lives in host memory is counted: a worker on a GPU counts its process base. The check
@@ -22,6 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenflow.config.sync import wire_dtype
 from tokenflow.errors import InputError
 
 GB = 1e9
@@ -146,8 +148,17 @@ def trainer_parts(cfg, m: ModelShape, tokens: int, *, checkpointing: bool | None
         floats *= AUTOCAST_BF16
     if checkpointing:  # layer inputs, a layer recomputed, its gradients: measured
         floats *= CHECKPOINTED
-    return {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
-            "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
+    parts = {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
+             "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
+    if cfg.sync.transport == "shared_memory":
+        # two slots of the weights as they travel (sync.dtype); the engines map the same pages,
+        # so they are counted here once
+        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(cfg.sync, cfg.engine.dtype) else 4)
+    if cfg.run.checkpoint_every and cfg.run.checkpoint_background:
+        # the copy a background checkpoint writes from, kept for the next one: float32 weights
+        # and AdamW's two moments
+        parts["checkpoint_copy"] = 4 * m.params + 8 * trainable
+    return parts
 
 
 def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:

@@ -16,6 +16,7 @@ import queue
 import time
 from dataclasses import dataclass, field
 
+from tokenflow.host_memory import release_freed_memory
 from tokenflow.metrics import trace
 from tokenflow.rollout import Rollout
 from tokenflow.runtime.workers.messages import (
@@ -231,6 +232,10 @@ class EngineWorker:
             "sync/aborted_samples": float(self.aborted),
             "sync/apply_wait_s": time.perf_counter() - self.load_started,
             "sync/latency_s": time.time() - msg.sent_at})))
+        # Once a step: the free holes decoding leaves in the heap (sampler and attention
+        # temporaries of every batch size) go back, or they add up (0.5 GB for SmolLM2 in three
+        # batches of 64 samples)
+        release_freed_memory()
         self._begin_next()
 
     # ---- generation ----------------------------------------------------------------------

@@ -108,7 +108,18 @@ class TrainerWorker:
                         host=self._sync_host())
         # Shapes only: the layout needs no values, and a sharded trainer's values are collectives.
         shapes = getattr(self.trainer, "weight_shapes", self.trainer.named_weights)()
+        wire = self._wire_dtype()
+        if wire is not None:  # the slots hold the weights as they travel; packing casts into them
+            import torch
+
+            dtype = getattr(torch, wire)
+            shapes = [(n, torch.empty(t.shape, dtype=dtype, device="meta")) for n, t in shapes]
         return make_sender(sync.transport, shapes, **opts)
+
+    def _wire_dtype(self) -> str | None:
+        from tokenflow.config.sync import wire_dtype
+
+        return wire_dtype(self.cfg.sync, self.cfg.engine.dtype)
 
     def _sync_host(self) -> str:
         """Where engines reach the broadcast group's store: this node's address on Ray (engines
@@ -192,7 +203,14 @@ class TrainerWorker:
         if self.cfg.sync.checksum:
             from tokenflow.engine import weights_checksum
 
-            checksum = weights_checksum(self.trainer.named_weights())
+            wire = self._wire_dtype()
+            # of the values the engine receives: the weights rounded to the dtype they travel as
+            named_now = self.trainer.named_weights()
+            if wire is not None:
+                import torch
+
+                named_now = ((n, t.to(getattr(torch, wire))) for n, t in named_now)
+            checksum = weights_checksum(named_now)
         weights = named()
         with trace.span("sync/send", version=self.trainer.version):
             try:

@@ -1,7 +1,8 @@
 """Host memory of a CPU trainer: keep what a training step frees for the next step.
 
 ``trainer.keep_host_memory`` (a CPU trainer only) turns glibc's heap trimming and its mmap for
-large blocks off in the trainer process (:func:`keep_freed_memory`, which says why).
+large blocks off in the trainer process (:func:`keep_freed_memory`, which says why); turned off,
+every step ends by handing the heap's free pages back (`tokenflow.host_memory`).
 """
 
 from __future__ import annotations
