@@ -150,11 +150,13 @@ def trainer_parts(cfg, m: ModelShape, tokens: int, *, checkpointing: bool | None
         floats *= CHECKPOINTED
     parts = {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
              "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
-    if cfg.sync.transport == "shared_memory":
+    # A trainer outside a run (the Tinker service's) sends no weights and writes its own checkpoints.
+    sync, run = getattr(cfg, "sync", None), getattr(cfg, "run", None)
+    if sync is not None and sync.transport == "shared_memory":
         # two slots of the weights as they travel (sync.dtype); the engines map the same pages,
         # so they are counted here once
-        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(cfg.sync, cfg.engine.dtype) else 4)
-    if cfg.run.checkpoint_every and cfg.run.checkpoint_background:
+        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(sync, cfg.engine.dtype) else 4)
+    if run is not None and run.checkpoint_every and run.checkpoint_background:
         # the copy a background checkpoint writes from, kept for the next one: float32 weights
         # and AdamW's two moments
         parts["checkpoint_copy"] = 4 * m.params + 8 * trainable
