@@ -109,8 +109,9 @@ def test_live_view_on_an_80_column_terminal(tmp_path):
     updates = [int(m.group(1)) for line in final
                if (m := re.search(r"DEBUG\s+engine: weight update to version (\d+) \(inflight\): applied$", line))]
     assert updates == [1, 2, 3, 4, 5, 6], "\n".join(final)
-    assert sum(bool(BAR.match(line)) for line in final) == 1
-    assert sum("━" in line for line in final) == 1
+    # the whole screen on failure: a torn copy's place says which writer bypassed the view
+    assert sum(bool(BAR.match(line)) for line in final) == 1, "\n".join(final)
+    assert sum("━" in line for line in final) == 1, "\n".join(final)
     assert any(re.search(r"INFO\s+baseline held-out accuracy \d\.\d{3}$", line) for line in final)
     # The summary: accuracy before → after and the commands to look further.
     text = "\n".join(final)
