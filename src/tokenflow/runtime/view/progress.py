@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import warnings
 
 log = logging.getLogger("tokenflow")
 
@@ -65,6 +66,7 @@ class Progress:
         self._every = max(1, total // 20)
         self._bar = None
         self._swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
+        self._warnings_routed = False
         if self.live:
             self._start_live()
 
@@ -90,6 +92,11 @@ class Progress:
             TextColumn("{task.fields[acc]}"), console=console, transient=False, refresh_per_second=4)
         self._task = self._bar.add_task(self.description, total=self.total, completed=self.start, acc="")
         self._route_logging(console)
+        # A Python warning in this process would be written to stderr by warnings.showwarning,
+        # through the bar; as a log record it prints above it. Undone by close.
+        self._warnings_routed = getattr(warnings.showwarning, "__module__", "") != "logging"
+        if self._warnings_routed:
+            logging.captureWarnings(True)
         self._bar.start()
 
     def _route_logging(self, console) -> None:
@@ -143,6 +150,9 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        if self._warnings_routed:
+            logging.captureWarnings(False)
+            self._warnings_routed = False
         for logger, original, rich_handler in self._swapped:
             logger.removeHandler(rich_handler)
             logger.addHandler(original)
