@@ -73,7 +73,9 @@ def _name(pid: int) -> str:
 def watch(cmd: list[str], every: float) -> dict:
     start = time.monotonic()
     proc = subprocess.Popen(cmd)
-    peak_kb, peak_at, per_process = 0, 0.0, {}
+    peak_kb, peak_at = 0, 0.0
+    peaks: dict[int, int] = {}  # pid -> its own peak PSS (kB)
+    names: dict[int, str] = {}  # pid -> command line, read once
     while True:
         done = proc.poll() is not None
         total = 0
@@ -82,8 +84,9 @@ def watch(cmd: list[str], every: float) -> dict:
             if kb is None:
                 continue
             total += kb
-            if kb > per_process.get(pid, (0, ""))[0]:
-                per_process[pid] = (kb, per_process.get(pid, (0, _name(pid)))[1])
+            if pid not in names:
+                names[pid] = _name(pid)
+            peaks[pid] = max(peaks.get(pid, 0), kb)
         if total > peak_kb:
             peak_kb, peak_at = total, time.monotonic() - start
         if done:
@@ -94,8 +97,8 @@ def watch(cmd: list[str], every: float) -> dict:
         "wall_s": round(time.monotonic() - start, 1),
         "peak_pss_gb": round(peak_kb / 2**20, 3),
         "peak_at_s": round(peak_at, 1),
-        "process_peaks_gb": {name: round(kb / 2**20, 3)
-                             for kb, name in sorted(per_process.values(), reverse=True)},
+        "process_peaks_gb": {names[pid]: round(kb / 2**20, 3)
+                             for pid, kb in sorted(peaks.items(), key=lambda kv: -kv[1])},
     }
 
 

@@ -1,7 +1,8 @@
 """Host memory a process holds but does not use: glibc's free heap pages, handed back.
 
 Standard library only (ctypes), so any worker can call it: a CPU trainer after each step
-(``trainer.keep_host_memory = false``), an engine after each weight update.
+(``trainer.keep_host_memory = false``), an engine after each weight update. ``libc_function``
+is also how ``trainer.model.memory`` reaches ``mallopt``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ def libc_function(name: str):
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return getattr(ctypes.CDLL(None), name)  # glibc's, among the process's own symbols
+        # The process's own symbols, libc's among them (find_library would run ldconfig).
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None  # not glibc (musl)
 

@@ -18,16 +18,16 @@ def _done(value) -> Future:
 
 def test_read_results_go_after_their_window_and_the_table_is_capped():
     table = Futures(keep_s=60.0, keep_read_s=0.05, max_kept=3)
-    read, unread = table.add(_done(1), "s"), table.add(_done(2), "s")
+    read, unread = table.add(_done(1)), table.add(_done(2))
     assert asyncio.run(table.wait(read, 1.0)).result() == 1
     assert asyncio.run(table.wait(read, 1.0)).result() == 1  # a retried read gets the same answer
     time.sleep(0.1)
-    table.add(_done(3), "s")  # adding sweeps
+    table.add(_done(3))  # adding sweeps
     assert table.get(read) is None and table.get(unread) is not None
     running: Future = Future()
-    pending = table.add(running, "s")
+    pending = table.add(running)
     for i in range(5):
-        table.add(_done(i), "s")
+        table.add(_done(i))
     assert sum(1 for r in list(table._items) if table.get(r).done()) == 3  # the newest three finished
     assert table.get(unread) is None and table.get(pending) is running  # a call still running stays
     assert asyncio.run(table.wait(pending, 0.05)) is None  # and a wait on it times out without cancelling it

@@ -70,12 +70,12 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
             raise user_error("the body must be a JSON object")
         return obj
 
-    def future(session: str, fn) -> dict:
+    def future(fn) -> dict:
         """Run ``fn`` (which returns a request id); a user error becomes a failed future."""
         try:
             rid = fn()
         except TinkerError as e:
-            rid = service.futures.failed(e, session)
+            rid = service.futures.failed(e)
         return {"request_id": rid}
 
     # -- service -----------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
     async def create_model(request: Request):
         b = await body(request)
         sid = str(b.get("session_id", ""))
-        return future(sid, lambda: service.create_model(sid, b.get("base_model"), _lora(b.get("lora_config")),
+        return future(lambda: service.create_model(sid, b.get("base_model"), _lora(b.get("lora_config")),
                                                         b.get("model_seq_id")))
 
     @app.post("/api/v1/get_info")
@@ -136,7 +136,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
     async def unload_model(request: Request):
         b = await body(request)
         m = service.model(str(b.get("model_id", "")))
-        return future(m.session_id, lambda: service.unload(m.model_id))
+        return future(lambda: service.unload(m.model_id))
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request):
@@ -150,8 +150,8 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
         raw = await request.body()
         call = wire.decode_forward_backward(raw, request.headers.get("content-type", ""),
                                             request.headers.get("content-encoding", ""), forward_only=forward_only)
-        m = service.model(call.model_id)
-        return future(m.session_id, lambda: service.forward_backward(call))
+        service.model(call.model_id)  # an unknown model is refused here, as the other routes do
+        return future(lambda: service.forward_backward(call))
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -160,7 +160,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
         params = b.get("adam_params") or b.get("optimizer_params") or b.get("optim_params") or {}
         if not isinstance(params, dict):
             raise user_error("adam_params must be an object")
-        return future(m.session_id, lambda: service.optim_step(m.model_id, b.get("seq_id"), params))
+        return future(lambda: service.optim_step(m.model_id, b.get("seq_id"), params))
 
     # -- weights -----------------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
     async def save_weights(request: Request):
         b = await body(request)
         m = service.model(str(b.get("model_id", "")))
-        return future(m.session_id, lambda: service.save_state(m.model_id, b.get("seq_id"), b.get("path")))
+        return future(lambda: service.save_state(m.model_id, b.get("seq_id"), b.get("path")))
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -176,16 +176,16 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
         sid = str(b.get("session_id") or "")
         if b.get("model_id"):
             m = service.model(str(b["model_id"]))
-            return future(m.session_id, lambda: service.load_state(m.model_id, b.get("seq_id"), b.get("path"),
+            return future(lambda: service.load_state(m.model_id, b.get("seq_id"), b.get("path"),
                                                                  bool(b.get("optimizer"))))
-        return future(sid, lambda: service.create_from_state(sid, b.get("path"), bool(b.get("optimizer")),
+        return future(lambda: service.create_from_state(sid, b.get("path"), bool(b.get("optimizer")),
                                                              b.get("model_seq_id")))
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request):
         b = await body(request)
         m = service.model(str(b.get("model_id", "")))
-        return future(m.session_id, lambda: service.save_for_sampler(
+        return future(lambda: service.save_for_sampler(
             m.model_id, b.get("seq_id"), b.get("path"), b.get("sampling_session_seq_id")))
 
     @app.post("/api/v1/weights_info")
@@ -220,7 +220,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
     @app.post("/api/v1/asample")
     async def asample(request: Request):
         b = await body(request)
-        answer = future("", lambda: service.sample(b))
+        answer = future(lambda: service.sample(b))
         n = b.get("num_samples", 1)
         n = n if isinstance(n, int) and 0 < n <= 1024 else 1
         answer["sample_sequence_ids"] = [f"{answer['request_id']}-{i}" for i in range(n)]

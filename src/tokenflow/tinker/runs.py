@@ -61,7 +61,7 @@ class RunsMixin:
                                              train_mlp=lora["train_mlp"], train_attn=lora["train_attn"])
         rid, model_id = self.new_model(session_id, meta["base_model"], cfg, model_seq_id)
         inner = self.futures.get(self.load_state(model_id, None, path, optimizer))
-        return self.futures.add(_then(self.futures.get(rid), inner, model_id, path), session_id)
+        return self.futures.add(_then(self.futures.get(rid), inner, model_id, path))
 
     def finish_session(self, session_id: str) -> None:
         """The client is done: unload its models (on the training thread, after its calls)."""

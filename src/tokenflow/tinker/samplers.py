@@ -70,13 +70,12 @@ class SamplingMixin:
         if sid:
             if sid not in self.sampling_sessions:
                 raise user_error(f"unknown sampling_session_id {sid!r}")
-            owner, folder, key, _ = self.sampling_sessions[sid]
+            _, folder, key, _ = self.sampling_sessions[sid]
             snap = BASE if key is None else self._snapshot(key)[0]
         elif req.get("model_path"):
             snap, folder = self._snapshot(req["model_path"])
-            owner = ""
         elif req.get("base_model"):
-            snap, folder, owner = BASE, self.resolve(req["base_model"]), ""
+            snap, folder = BASE, self.resolve(req["base_model"])
         else:
             raise user_error("sample needs sampling_session_id, model_path or base_model")
         call = sample_call(req, snap)
@@ -84,4 +83,4 @@ class SamplingMixin:
         fut = sampler.submit(call)
         if call.prompt_logprobs_last_n is not None:
             fut = keep_last(fut, call.prompt_logprobs_last_n)
-        return self.futures.add(fut, owner)
+        return self.futures.add(fut)

@@ -172,7 +172,7 @@ class TinkerService(RunsMixin, SamplingMixin):
         with self._lock:
             self.models[model_id] = entry
             self.sessions[session_id]["models"].append(model_id)
-        return self.futures.add(self._train.submit(self._guard(load)), session_id), model_id
+        return self.futures.add(self._train.submit(self._guard(load))), model_id
 
     def _check_memory(self, folder: str, lora: Lora | None) -> None:
         """Refuse a model whose training would not fit the memory available now, before loading
@@ -219,7 +219,7 @@ class TinkerService(RunsMixin, SamplingMixin):
                     raise user_error(f"seq_id {seq_id} for model {model_id} is out of order: the last call "
                                      f"accepted was {m.last_seq}; number each call above the previous one")
                 m.last_seq = seq_id
-            rid = self.futures.add(self._train.submit(self._guard(fn)), m.session_id)
+            rid = self.futures.add(self._train.submit(self._guard(fn)))
             if seq_id is not None:
                 m.by_seq[seq_id] = rid
                 if len(m.by_seq) > 4096:

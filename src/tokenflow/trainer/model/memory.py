@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 
 import torch
+
+from tokenflow.host_memory import libc_function
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +33,8 @@ def keep_freed_memory() -> bool:
     autocast, one thread: the forward took 13-19 s while the heap grew (2M faults) and 4 s after
     (none). With both off, the heap grows to a step's peak once and is reused; the process keeps
     that peak resident (it reaches it every step anyway)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        # The process's own symbols, libc's among them (find_library would run ldconfig).
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # -1 disables trimming altogether; 0 disables mmap for large requests (mallopt(3)).
