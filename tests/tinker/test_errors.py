@@ -161,3 +161,27 @@ def test_a_model_that_would_not_fit_is_refused_before_it_loads(service, client, 
     assert set(service[1].models) == held, err  # nothing was loaded
     monkeypatch.setenv("TOKENFLOW_MEMORY_AVAILABLE_GB", "64")
     assert client.create_lora_training_client(base_model="default", rank=4).result().model_id
+
+
+def test_a_finished_sessions_slot_is_free_at_once_though_its_unload_waits_for_the_training_thread(tmp_path):
+    """With --max-models 1, a model of a session that has finished no longer counts, even while
+    its unload still waits behind other work on the training thread (CI's loaded machine once
+    refused the next client here)."""
+    import threading
+
+    from tokenflow.tinker.service import Settings, TinkerService
+
+    svc = TinkerService(Settings(root=str(tmp_path), max_models=1))
+    try:
+        gone, alive = svc.create_session(None), svc.create_session(None)
+        svc.futures.get(svc.create_model(gone, "default", None)).result(timeout=120)
+        release = threading.Event()
+        svc._train.submit(release.wait, 60)  # the training thread is busy: the unload must queue
+        svc.finish_session(gone)
+        rid = svc.create_model(alive, "default", None)  # refused while the old model still counted
+        release.set()
+        assert svc.futures.get(rid).result(timeout=120)
+        assert list(svc.models) == [f"{alive}:train:0"]
+    finally:
+        release.set()
+        svc.close()

@@ -79,15 +79,18 @@ class RunsMixin:
         m = self.model(model_id)
 
         def run() -> dict:
-            with self._lock:
-                self.models.pop(model_id, None)
-                if model_id in self.sessions.get(m.session_id, {}).get("models", []):
-                    self.sessions[m.session_id]["models"].remove(model_id)
-            m.training = None
+            m.training = None  # its memory goes after the calls queued before this one
             m.snapshots.clear()
             return {"type": "unload_model", "model_id": model_id}
 
-        return self.ordered(model_id, None, run)
+        rid = self.ordered(model_id, None, run)
+        # Out of the table at once: the slot (--max-models) is free for the next model, whose load
+        # queues behind this unload on the same training thread, and new calls to it are refused.
+        with self._lock:
+            self.models.pop(model_id, None)
+            if model_id in self.sessions.get(m.session_id, {}).get("models", []):
+                self.sessions[m.session_id]["models"].remove(model_id)
+        return rid
 
 
 def _then(first, second, model_id: str, path: str):

@@ -17,7 +17,7 @@ from tests.runtime.runtime_testlib import SMALL, small_config
 from tokenflow.errors import InputError
 from tokenflow.runtime.run.memory_budget import check_memory, largest_micro_batch
 from tokenflow.runtime.run.memory_estimate import (AVAILABLE_ENV, GB, ModelShape, estimate, micro_batch_fill,
-                                                   sequence_tokens, trainer_parts)
+                                                   run_trainer_parts, sequence_tokens, trainer_parts)
 
 # SmolLM2-135M's shapes (its config.json), so the estimate's arithmetic is checked on a real model
 # without building it.
@@ -42,13 +42,19 @@ def test_a_trainer_over_its_budget_is_refused_before_any_worker_starts(tmp_path)
     assert not run.exists()  # no run folder, so no worker was started
 
 
+def _run_need(cfg, m: ModelShape, seq: int, tokens: int) -> float:
+    """A run's trainer: its step at ``tokens`` and what the run adds (sync slots, checkpoint copy)."""
+    return sum(trainer_parts(cfg, m, micro_batch_fill(cfg, seq, tokens)).values()) + \
+        sum(run_trainer_parts(cfg, m).values())
+
+
 def test_the_refusal_names_a_micro_batch_that_fits(monkeypatch, default_model):
     """A budget between one sequence's need and the configured micro-batch's: the refusal names
     the largest micro_batch_tokens that fits, and that one does fit (the next size up does not)."""
     monkeypatch.setenv(AVAILABLE_ENV, "1000")
     cfg = small_config("--trainer.micro_batch_tokens", "8192", "--rollout.prompts_per_step", "16")
     m, seq = ModelShape.read(default_model), sequence_tokens(cfg, ModelShape.read(default_model), 100)
-    full, least = (sum(trainer_parts(cfg, m, micro_batch_fill(cfg, seq, n)).values()) for n in (8192, 1))
+    full, least = (_run_need(cfg, m, seq, n) for n in (8192, 1))
     budget = (full + least) / 2
     cfg = small_config("--trainer.micro_batch_tokens", "8192", "--rollout.prompts_per_step", "16",
                        "--trainer.memory_budget_gb", str(budget / GB))
@@ -59,7 +65,7 @@ def test_the_refusal_names_a_micro_batch_that_fits(monkeypatch, default_model):
     assert f"but its budget is {budget / GB:.2f} GB (trainer.memory_budget_gb = " in msg
     n = int(re.search(r"to fit, set trainer\.micro_batch_tokens = (\d+) \(about ", msg).group(1))
     assert n == largest_micro_batch(cfg, m, seq, budget) and 0 < n < 8192
-    need = lambda k: sum(trainer_parts(cfg, m, micro_batch_fill(cfg, seq, k)).values())  # noqa: E731
+    need = lambda k: _run_need(cfg, m, seq, k)  # noqa: E731
     assert need(n) <= budget < need(n + 128)
     assert "trainer.gradient_checkpointing = true" in msg  # the other switch, with its estimate
 

@@ -141,25 +141,35 @@ def trainer_parts(cfg, m: ModelShape, tokens: int, *, checkpointing: bool | None
     chunk = t.logprob_chunk_tokens if chunk is None else chunk
     if t.world_size > 1:  # sharded (FSDP) trainers compute the log-probs unchunked
         chunk = tokens
-    trainable = 0 if t.lora_rank else m.params
+    trainable = _trainable(cfg, m)
     kl = cfg.algorithm.kl_coef > 0 and not (t.lora_rank and cfg.algorithm.reference_model is None)
     floats = m.layers * (ACT_PER_HIDDEN * m.hidden + ACT_PER_INTER * m.intermediate)
     if t.dtype == "bfloat16":
         floats *= AUTOCAST_BF16
     if checkpointing:  # layer inputs, a layer recomputed, its gradients: measured
         floats *= CHECKPOINTED
-    parts = {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
-             "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
-    # A trainer outside a run (the Tinker service's) sends no weights and writes its own checkpoints.
-    sync, run = getattr(cfg, "sync", None), getattr(cfg, "run", None)
-    if sync is not None and sync.transport == "shared_memory":
+    return {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,
+            "activations": 4 * tokens * floats, "logits": 4 * LOGIT_COPIES * m.vocab * min(tokens, chunk)}
+
+
+def _trainable(cfg, m: ModelShape) -> int:
+    """Parameters with gradients and AdamW moments: none of the base model's under LoRA (its
+    adapters are small enough to leave out)."""
+    return 0 if cfg.trainer.lora_rank else m.params
+
+
+def run_trainer_parts(cfg, m: ModelShape) -> dict[str, float]:
+    """What a trainer in a ``tokenflow train`` run holds beside its steps (`trainer_parts`), in
+    bytes by part: the weight sync's two shared-memory slots, and a background checkpoint's copy."""
+    parts = {}
+    if cfg.sync.transport == "shared_memory":
         # two slots of the weights as they travel (sync.dtype); the engines map the same pages,
         # so they are counted here once
-        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(sync, cfg.engine.dtype) else 4)
-    if run is not None and run.checkpoint_every and run.checkpoint_background:
+        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(cfg.sync, cfg.engine.dtype) else 4)
+    if cfg.run.checkpoint_every and cfg.run.checkpoint_background:
         # the copy a background checkpoint writes from, kept for the next one: float32 weights
         # and AdamW's two moments
-        parts["checkpoint_copy"] = 4 * m.params + 8 * trainable
+        parts["checkpoint_copy"] = 4 * m.params + 8 * _trainable(cfg, m)
     return parts
 
 
@@ -168,7 +178,8 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
     m = ModelShape.read(model)
     t, e, est = cfg.trainer, cfg.engine, Estimate()
     seq = sequence_tokens(cfg, m, prompt_tokens)
-    trainer = trainer_parts(cfg, m, micro_batch_fill(cfg, seq)) if not on_gpu(t.device) else {"base": PROCESS_BASE}
+    trainer = ({**trainer_parts(cfg, m, micro_batch_fill(cfg, seq)), **run_trainer_parts(cfg, m)}
+               if not on_gpu(t.device) else {"base": PROCESS_BASE})
     for rank in range(t.world_size):
         est.parts["trainer" if rank == 0 else f"trainer{rank}"] = dict(trainer)
     engine = {"base": PROCESS_BASE}
