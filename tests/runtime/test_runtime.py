@@ -181,7 +181,8 @@ def test_weights_travel_as_bfloat16_to_a_bfloat16_engine(tmp_path):
     them. Synchronous: the engine's log-probs then match the trainer's up to bfloat16 compute."""
     def run(name: str, *extra: str) -> list[dict]:
         cfg = small_config("--run.steps", "2", "--sync.checksum", "true", "--rollout.max_staleness", "0",
-                           "--run.checkpoint_every", "0", "--engine.dtype", "bfloat16", *extra)
+                           "--run.checkpoint_every", "0", "--engine.dtype", "bfloat16", "--metrics.trace", "true",
+                           *extra)
         summary = train(cfg, tmp_path / name)
         assert summary["steps"] == 2
         return step_rows(tmp_path / name)
@@ -189,3 +190,9 @@ def test_weights_travel_as_bfloat16_to_a_bfloat16_engine(tmp_path):
     bf16 = run("bf16")
     fp32 = run("fp32", "--sync.dtype", "float32")
     assert {r["sync/bytes"] for r in bf16} == {fp32[0]["sync/bytes"] / 2}, (bf16, fp32[0]["sync/bytes"])
+    # and after each load the engine hands its heap's free pages back (tokenflow.host_memory)
+    from tokenflow.report import load_run
+
+    tl = load_run(tmp_path / "bf16").timeline
+    loads, trims = tl.intervals(("sync/apply",)), tl.intervals(("host/release_memory",))
+    assert len(loads) >= 1 and len(trims) == len(loads), (len(loads), len(trims))
