@@ -69,8 +69,8 @@ _HOLES = textwrap.dedent("""
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
     trainer = Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=sys.argv[1] == "on"),
                       AlgorithmConfig())
-    blocks = [bytearray(64 << 10) for _ in range(4096)]  # 256 MB in 64 KB blocks, touched
-    del blocks[::2]  # 128 MB of holes
+    blocks = [bytearray(64 << 10) for _ in range(16384)]  # 1 GB in 64 KB blocks, touched
+    del blocks[::2]  # 512 MB of holes
     before = rss()
     trainer.train_step(make_rollouts())
     print(json.dumps({"before": before, "after": rss()}))
@@ -88,7 +88,9 @@ def _step_rss(keep: str) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_without_keep_host_memory_a_step_hands_the_heaps_holes_back():
     off, on = _step_rss("off"), _step_rss("on")
-    # Off: the step ends with malloc_trim, which returns the 128 MB of holes (a step of the tiny
-    # model itself ends holding a few MB more at most). On: they stay.
-    assert off["after"] < off["before"] - 100e6, off
+    # Off: the step ends with malloc_trim, which returns the 512 MB of holes, less what the step
+    # itself still holds at its end (its gradients, AdamW's state and torch's own caches land in
+    # the holes): 30 MB here, about 30 MB on CI when the holes were 128 MB and only 98 MB came
+    # back. Holes four times that step's size keep it a small part. On: they stay.
+    assert off["after"] < off["before"] - 400e6, off
     assert on["after"] > on["before"] - 20e6, on
