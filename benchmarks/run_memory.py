@@ -1,13 +1,14 @@
 """The peak memory of a whole command and every process it starts, counted as a laptop feels it.
 
-    python benchmarks/run_memory.py [--every 0.5] [--json FILE] -- tokenflow train examples/laptop_math/config.toml
+    python benchmarks/run_memory.py [--every 0.5] [--json FILE] [--timeline FILE] -- tokenflow train examples/laptop_math/config.toml
 
 Runs the command and, every ``--every`` seconds until it exits, sums the proportional set size
 (PSS, ``/proc/PID/smaps_rollup``) over the command and all its descendants: memory shared between
 processes (a fork server's pages, one file mapped twice) counts once, split between them, so the
 sum is what the run takes from the machine. Prints the peak of that sum, when it happened, each
 process's own peak PSS (named by its command line), and the wall time; exits with the command's
-exit status. Linux only (it reads ``/proc``).
+exit status. ``--timeline`` also writes every sample as a JSON line (seconds, the sum, each
+process's PSS by pid), to see which process grows when. Linux only (it reads ``/proc``).
 
 It is a script here rather than a ``tokenflow bench`` subcommand because it times any command,
 including tokenflow runs from older checkouts (benchmarks/README.md).
@@ -70,7 +71,7 @@ def _name(pid: int) -> str:
     return f"{pid} {text[:100]}"
 
 
-def watch(cmd: list[str], every: float) -> dict:
+def watch(cmd: list[str], every: float, timeline=None) -> dict:
     start = time.monotonic()
     proc = subprocess.Popen(cmd)
     peak_kb, peak_at = 0, 0.0
@@ -78,15 +79,20 @@ def watch(cmd: list[str], every: float) -> dict:
     names: dict[int, str] = {}  # pid -> command line, read once
     while True:
         done = proc.poll() is not None
-        total = 0
+        total, sample = 0, {}
         for pid in _tree(proc.pid):
             kb = _pss_kb(pid)
             if kb is None:
                 continue
             total += kb
+            sample[pid] = kb
             if pid not in names:
                 names[pid] = _name(pid)
             peaks[pid] = max(peaks.get(pid, 0), kb)
+        if timeline is not None:
+            timeline.write(json.dumps({"t": round(time.monotonic() - start, 1), "gb": round(total / 2**20, 3),
+                                       "pss_gb": {str(pid): round(kb / 2**20, 3) for pid, kb in sample.items()}}) + "\n")
+            timeline.flush()
         if total > peak_kb:
             peak_kb, peak_at = total, time.monotonic() - start
         if done:
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=float, default=0.5, help="seconds between samples (default 0.5)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--timeline", help="also write every sample to this file, a JSON line each")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -113,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give the command to watch after --, e.g. -- tokenflow train CONFIG")
     if not os.path.exists("/proc/self/smaps_rollup"):
         p.error("this needs Linux's /proc/PID/smaps_rollup")
-    out = watch(cmd, args.every)
+    timeline = open(args.timeline, "w") if args.timeline else None
+    try:
+        out = watch(cmd, args.every, timeline)
+    finally:
+        if timeline is not None:
+            timeline.close()
     print(f"peak memory of the whole run: {out['peak_pss_gb']:.2f} GB (sum of PSS over "
           f"{len(out['process_peaks_gb'])} processes, at {out['peak_at_s']:.0f} s of "
           f"{out['wall_s']:.0f} s)", file=sys.stderr)

@@ -23,9 +23,9 @@ sys.exit(3)
 
 
 def test_the_peak_sums_a_command_and_its_children(tmp_path):
-    out = tmp_path / "memory.json"
+    out, timeline = tmp_path / "memory.json", tmp_path / "timeline.jsonl"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_memory.py"), "--every", "0.1",
-                        "--json", str(out), "--", sys.executable, "-c", _COMMAND],
+                        "--json", str(out), "--timeline", str(timeline), "--", sys.executable, "-c", _COMMAND],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr  # the command's own exit status
     figures = json.loads(out.read_text())
@@ -34,3 +34,8 @@ def test_the_peak_sums_a_command_and_its_children(tmp_path):
     assert 0.29 <= figures["peak_pss_gb"] < 0.45, figures
     assert len(figures["process_peaks_gb"]) == 2, figures
     assert "peak memory of the whole run" in r.stderr
+    # the timeline: a sample's sum is its processes' sum, and its largest is the peak
+    samples = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert max(s["gb"] for s in samples) == figures["peak_pss_gb"], samples
+    both = [s for s in samples if len(s["pss_gb"]) == 2]
+    assert both and all(abs(sum(s["pss_gb"].values()) - s["gb"]) < 0.01 for s in both), samples

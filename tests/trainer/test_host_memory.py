@@ -94,3 +94,41 @@ def test_without_keep_host_memory_a_step_hands_the_heaps_holes_back():
     # back. Holes four times that step's size keep it a small part. On: they stay.
     assert off["after"] < off["before"] - 400e6, off
     assert on["after"] > on["before"] - 20e6, on
+
+
+# A CPU trainer bounds oneDNN's kernel cache in its own process (trainer.onednn_cache_capacity),
+# seen through oneDNN's own log: a bfloat16 product run twice builds its kernel once when the
+# cache keeps it (the second build is a "cache_hit") and twice when the capacity is 0.
+_KERNELS = textwrap.dedent("""
+    import sys
+    import torch
+    from tests.trainer.trainer_testlib import tiny_model
+    from tokenflow.algorithms import AlgorithmConfig
+    from tokenflow.trainer import Trainer, TrainerConfig
+    Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", onednn_cache_capacity=int(sys.argv[1])),
+            AlgorithmConfig())
+    a = torch.ones(256, 256, dtype=torch.bfloat16)
+    for _ in range(2):
+        a @ a
+""")
+
+
+def _kernel_builds(capacity: int, **env) -> list[str]:
+    import os
+
+    done = subprocess.run([sys.executable, "-c", _KERNELS, str(capacity)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "ONEDNN_VERBOSE": "all", **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [line.split(",")[3] for line in done.stdout.splitlines()
+            if line.startswith("onednn_verbose") and ",create:cache_" in line and "256x256:256x256" in line]
+
+
+@pytest.mark.slow  # three fresh processes that import torch
+def test_a_cpu_trainer_bounds_onednn_kernel_cache():
+    kept = _kernel_builds(128)
+    if not kept:
+        pytest.skip("this CPU's bfloat16 products do not run through oneDNN")
+    assert kept == ["create:cache_miss", "create:cache_hit"]
+    assert _kernel_builds(0) == ["create:cache_miss", "create:cache_miss"]
+    # the user's own setting wins over the trainer's
+    assert _kernel_builds(128, ONEDNN_PRIMITIVE_CACHE_CAPACITY="0") == ["create:cache_miss", "create:cache_miss"]
