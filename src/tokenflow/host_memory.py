@@ -8,6 +8,7 @@ is also how ``trainer.model.memory`` reaches ``mallopt``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 
@@ -30,9 +31,18 @@ def release_freed_memory() -> bool:
     micro-batch's tensors of other sizes) stay resident: a SmolLM2-135M trainer on this
     example's variable-length micro-batches grew from 3.4 to 4.9 GB resident over four steps
     with 2.7 GB of it free, and ``malloc_trim`` brought it to 2.2 GB. True when done."""
-    trim = libc_function("malloc_trim")
+    trim = _malloc_trim()
     if trim is None:
         return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, looked up and typed once per process (a trainer calls it every
+    step, an engine after every weight update)."""
+    trim = libc_function("malloc_trim")
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim

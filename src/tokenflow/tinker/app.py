@@ -126,7 +126,7 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
         b = await body(request)
         sid = str(b.get("session_id", ""))
         return future(lambda: service.create_model(sid, b.get("base_model"), _lora(b.get("lora_config")),
-                                                        b.get("model_seq_id")))
+                                                   b.get("model_seq_id")))
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request):
@@ -177,9 +177,9 @@ def create_app(service: TinkerService, *, api_key: str | None = None, model_name
         if b.get("model_id"):
             m = service.model(str(b["model_id"]))
             return future(lambda: service.load_state(m.model_id, b.get("seq_id"), b.get("path"),
-                                                                 bool(b.get("optimizer"))))
+                                                     bool(b.get("optimizer"))))
         return future(lambda: service.create_from_state(sid, b.get("path"), bool(b.get("optimizer")),
-                                                             b.get("model_seq_id")))
+                                                        b.get("model_seq_id")))
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request):

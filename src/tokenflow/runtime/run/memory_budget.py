@@ -23,7 +23,7 @@ from pathlib import Path
 from tokenflow.errors import InputError
 from tokenflow.runtime.run.memory_estimate import (GB, PROMPT_TOKENS, Estimate, ModelShape, on_gpu,
                                                    available_bytes, estimate, micro_batch_fill, run_trainer_parts,
-                                                   sequence_tokens, trainer_parts)
+                                                   sequence_tokens)
 
 SMALL_CHUNK = 512  # the logprob_chunk_tokens a fix proposes
 ROUND = 128  # a proposed micro_batch_tokens is a multiple of this (when at least twice it)
@@ -56,9 +56,7 @@ def trainer_budget(cfg, est: Estimate, have: float | None, source: str) -> Budge
 
 
 def _need(cfg, m: ModelShape, seq: int, micro_batch_tokens: int | None = None, **switches) -> float:
-    parts = {**trainer_parts(cfg, m, micro_batch_fill(cfg, seq, micro_batch_tokens), **switches),
-             **run_trainer_parts(cfg, m)}
-    return sum(parts.values())
+    return sum(run_trainer_parts(cfg, m, micro_batch_fill(cfg, seq, micro_batch_tokens), **switches).values())
 
 
 def largest_micro_batch(cfg, m: ModelShape, seq: int, budget: float, **switches) -> int | None:

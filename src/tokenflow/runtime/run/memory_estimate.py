@@ -158,10 +158,11 @@ def _trainable(cfg, m: ModelShape) -> int:
     return 0 if cfg.trainer.lora_rank else m.params
 
 
-def run_trainer_parts(cfg, m: ModelShape) -> dict[str, float]:
-    """What a trainer in a ``tokenflow train`` run holds beside its steps (`trainer_parts`), in
-    bytes by part: the weight sync's two shared-memory slots, and a background checkpoint's copy."""
-    parts = {}
+def run_trainer_parts(cfg, m: ModelShape, tokens: int, **switches) -> dict[str, float]:
+    """A trainer in a ``tokenflow train`` run, in bytes by part: its steps (`trainer_parts`, with
+    ``switches``) and what it holds beside them, the weight sync's two shared-memory slots and a
+    background checkpoint's copy."""
+    parts = trainer_parts(cfg, m, tokens, **switches)
     if cfg.sync.transport == "shared_memory":
         # two slots of the weights as they travel (sync.dtype); the engines map the same pages,
         # so they are counted here once
@@ -178,8 +179,7 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
     m = ModelShape.read(model)
     t, e, est = cfg.trainer, cfg.engine, Estimate()
     seq = sequence_tokens(cfg, m, prompt_tokens)
-    trainer = ({**trainer_parts(cfg, m, micro_batch_fill(cfg, seq)), **run_trainer_parts(cfg, m)}
-               if not on_gpu(t.device) else {"base": PROCESS_BASE})
+    trainer = run_trainer_parts(cfg, m, micro_batch_fill(cfg, seq)) if not on_gpu(t.device) else {"base": PROCESS_BASE}
     for rank in range(t.world_size):
         est.parts["trainer" if rank == 0 else f"trainer{rank}"] = dict(trainer)
     engine = {"base": PROCESS_BASE}
