@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 def test_runtime_elastic_removes_an_engine_while_the_engines_wait_on_the_trainer(tmp_path, ray_cluster):
     # Four passes over every batch: the trainer is the bottleneck, two engines wait on it.
     run = tmp_path / "run"
-    steps = 10
+    steps = 12
     cfg = run_config("--runtime.num_engines", "2", "--runtime.elastic", "true", "--runtime.max_engines", "2",
                      "--runtime.elastic_patience", "2", "--runtime.ray_engine_cpus", "0.5",
                      "--trainer.epochs", "4", "--trainer.skip_zero_advantage", "false", "--run.steps", str(steps))
@@ -28,10 +28,14 @@ def test_runtime_elastic_removes_an_engine_while_the_engines_wait_on_the_trainer
     removed = next(e for e in events if e["event"] == "removed")
     assert removed["why"] == decided[0]["why"] and summary["engines"]["removed"] == [removed["engine"]]
     assert len(summary["engines"]["final"]) == 1 and not summary["engines"]["added"]
-    # Whatever it held went to the other engine and was trained once, from there.
+    # Whatever it held went to the other engine and was trained once, from there: all of it, unless
+    # the removal came so late that the run ended first (then what was not trained is in flight,
+    # which exactly_once checked).
     held = next(e["groups"] for e in events if e["event"] == "readmitted")
     again = [r for r in read_jsonl(run / "rollouts.jsonl") if r["group_id"] in held]
-    assert sorted(r["group_id"] for r in again) == sorted(g for g in held for _ in range(4))
+    trained = {r["group_id"] for r in again}
+    assert sorted(r["group_id"] for r in again) == sorted(g for g in trained for _ in range(4))
+    assert trained == set(held) or removed.get("at_run_end"), (held, trained, removed)
     assert {r["engine"] for r in again} <= set(summary["engines"]["final"])
     # Nothing from the removed engine after it left: every rollout it made was generated before.
     late = [r for r in read_jsonl(run / "rollouts.jsonl") if r["engine"] == removed["engine"]

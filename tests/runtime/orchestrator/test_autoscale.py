@@ -30,6 +30,12 @@ def test_patience_bounds_and_ties():
     assert [s.observe(ENGINES_WAIT, 1) for _ in range(3)] == [0, 0, 0]  # at min_engines
 
 
+def test_nothing_is_decided_once_fewer_than_patience_steps_remain():
+    s = AutoScale(min_engines=1, max_engines=3, idle_frac=0.5, patience=2)
+    assert [s.observe(ENGINES_WAIT, 2, steps_left=3), s.observe(ENGINES_WAIT, 2, steps_left=2)] == [0, -1]
+    assert [s.observe(TRAINER_WAITS, 1, steps_left=k) for k in (3, 1, 0)] == [0, 0, 0]  # too late to pay for itself
+
+
 def test_the_config_keeps_the_engine_count_within_its_bounds():
     def cfg(*args):
         return load_config(TrainConfig, None, list(args))

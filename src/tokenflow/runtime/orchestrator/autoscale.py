@@ -9,7 +9,9 @@ admits no more prompts until new weights land). An engine is added after
 steps in which the engines waited that much while the trainer did not. Nothing is decided while a
 change is still under way, and the count of steps starts again after each change, so the effect
 of one engine is measured before the next. Both waiting at once (``max_staleness = 0``: the two
-take turns) decides nothing.
+take turns) decides nothing. Nor is anything decided once fewer than ``elastic_patience`` steps
+remain: a change costs (the weight sync is rebuilt, a removed engine's groups are generated again)
+and would not run long enough to pay for that, or to be measured.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ class AutoScale:
         self.min, self.max, self.idle, self.patience = min_engines, max_engines, idle_frac, patience
         self.add_streak = self.remove_streak = 0
 
-    def observe(self, r: Reading, engines: int) -> int:
-        """+1 to add an engine, -1 to remove one, 0 to wait; ``engines``: how many run now."""
+    def observe(self, r: Reading, engines: int, steps_left: int | None = None) -> int:
+        """+1 to add an engine, -1 to remove one, 0 to wait; ``engines``: how many run now,
+        ``steps_left``: how many steps the run has still to go (None: no end in sight)."""
         trainer_waits, engines_wait = r.trainer_wait >= self.idle, r.engine_wait >= self.idle
         self.add_streak = self.add_streak + 1 if trainer_waits and not engines_wait else 0
         self.remove_streak = self.remove_streak + 1 if engines_wait and not trainer_waits else 0
+        if steps_left is not None and steps_left < self.patience:
+            return 0
         if self.add_streak >= self.patience and engines < self.max:
             self.restart()
             return 1

@@ -133,6 +133,7 @@ class Elastic:
         if c is not None and c.op == "remove" and c.stage == "resizing":  # out of the list already
             self.scaler.retire(c.engine)
             self.removed.append(c.engine.name)
+            self._event("removed", c.engine.name, version=c.version, why=c.why, at_run_end=True)
             self._done(c, f"removed {c.engine.name} as the run ended")
         if self.scaler is not None:
             self.scaler.close()
@@ -323,7 +324,7 @@ class Elastic:
             return
         r = reading(*(a - b for a, b in zip(point[1:], self._window[1:])))
         self._window = point
-        decision = self.policy.observe(r, len(self.backend.engines))
+        decision = self.policy.observe(r, len(self.backend.engines), steps_left=state.cfg.run.steps - state.step)
         if decision:
             why = ("the trainer waited on generation {:.0%} of the time".format(r.trainer_wait) if decision > 0 else
                    "the engines waited on the trainer {:.0%} of the time".format(r.engine_wait))

@@ -11,12 +11,19 @@ of the run's trained tokens older than ``rollout.max_staleness`` (an admission b
 bound: a straggler overtaken by younger groups is trained older; shown only when there are
 some). The view fits 80 columns. While it is up, log records (the workers' too, see ``LogForwarder``) print above it
 through rich's console handler instead of tearing it.
+
+Every write to the terminal while the view is up (a refresh, a log record from any thread) holds
+one lock for the whole print. Rich's own refresh thread does not suffice: a record printed from
+another thread (the workers' forwarder) reads the view's height before a refresh and writes after
+it, so when the refresh changed the height (the figures line appearing) it erases one line too few
+and a torn copy of the bar stays on the screen.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 import warnings
 
@@ -67,6 +74,9 @@ class Progress:
         self._bar = None
         self._swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
         self._warnings_routed = False
+        self._lock = threading.RLock()  # every print while the view is up (see the module's docstring)
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
         if self.live:
             self._start_live()
 
@@ -89,7 +99,7 @@ class Progress:
         self._bar = TwoLines(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            TextColumn("{task.fields[acc]}"), console=console, transient=False, refresh_per_second=4)
+            TextColumn("{task.fields[acc]}"), console=console, transient=False, auto_refresh=False)
         self._task = self._bar.add_task(self.description, total=self.total, completed=self.start, acc="")
         self._route_logging(console)
         # A Python warning in this process would be written to stderr by warnings.showwarning,
@@ -97,7 +107,20 @@ class Progress:
         self._warnings_routed = getattr(warnings.showwarning, "__module__", "") != "logging"
         if self._warnings_routed:
             logging.captureWarnings(True)
-        self._bar.start()
+        with self._lock:
+            self._bar.start()
+        self._refresher = threading.Thread(target=self._refresh_loop, name="tokenflow-view", daemon=True)
+        self._refresher.start()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(0.25):  # 4 a second
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw the live view now (the refresher thread does, 4 times a second)."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.refresh()
 
     def _route_logging(self, console) -> None:
         """Swap every stderr stream handler for rich's, on the bar's console, so that records
@@ -106,12 +129,19 @@ class Progress:
         through the bar."""
         from rich.logging import RichHandler
 
+        lock = self._lock
+
+        class LockedHandler(RichHandler):
+            def emit(self, record):
+                with lock:
+                    super().emit(record)
+
         loggers = [logging.getLogger()] + [lg for lg in list(logging.root.manager.loggerDict.values())
                                             if isinstance(lg, logging.Logger)]
         for logger in loggers:
             for h in list(logger.handlers):
                 if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__):
-                    rich_handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S",
+                    rich_handler = LockedHandler(console=console, show_path=False, log_time_format="%H:%M:%S",
                                                markup=False, rich_tracebacks=False)
                     rich_handler.setLevel(h.level)
                     rich_handler.setFormatter(logging.Formatter("%(message)s"))
@@ -147,9 +177,14 @@ class Progress:
                      figures, elapsed, eta)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        if self._refresher is not None:
+            self._stop.set()
+            self._refresher.join()
+            self._refresher = None
+        with self._lock:
+            if self._bar is not None:
+                self._bar.stop()
+                self._bar = None
         if self._warnings_routed:
             logging.captureWarnings(False)
             self._warnings_routed = False
