@@ -82,6 +82,7 @@ def test_placed_weights_are_sent_in_place_and_others_are_not():
 
 @pytest.mark.parametrize("transport,opts,weights,placed", [
     ("shared_memory", {}, _weights, False),
+    ("shared_memory", {"slots": 1}, _weights, False),
     ("broadcast", {"bucket_mb": 0.004}, _weights, False),
     ("broadcast", {"bucket_mb": 0.004}, _weights, True),
     ("broadcast", {"per_param": True}, _weights, False),
@@ -132,3 +133,29 @@ def test_buckets_are_striped_by_size_alone():
     assert parts[1].data_ptr() == parts[0].data_ptr() + parts[0].numel()  # contiguous views, no copy
     assert len(_stripes(buf, 8)) == 3  # never a stripe under 1 MiB
     assert len(_stripes(buf[: 2**20], 4)) == 1
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_slot_is_rewritten_only_after_every_engine_loaded_what_it_held(slots):
+    """With ``slots`` slots the sender runs ``slots - 1`` versions ahead of a receiver that has
+    not loaded: the next send waits for its acknowledgement, and times out naming the slot."""
+    sender = make_sender("shared_memory", _weights(0).items(), timeout_s=0.3, slots=slots)
+    recv = make_receiver(sender.spec)
+    notices = []
+    try:
+        assert len(sender.spec.options["slots"]) == slots
+        for version in range(1, slots + 1):  # the free slots take a version each, unread
+            sender.send(_weights(version).items(), version, notify=notices.append)
+        with pytest.raises(TimeoutError, match="did not release weight slot"):
+            sender.send(_weights(9).items(), slots + 1, notify=notices.append)
+        first = notices[0]
+        recv.begin(first)
+        assert torch.equal(recv.tensors()["model.embed_tokens.weight"], _weights(1)["model.embed_tokens.weight"])
+        recv.done(first)  # loaded: its slot may be written again
+        sender.send(_weights(slots + 1).items(), slots + 1, notify=notices.append)
+        recv.begin(notices[-1])
+        assert torch.equal(recv.tensors()["model.embed_tokens.weight"],
+                           _weights(slots + 1)["model.embed_tokens.weight"])
+    finally:
+        recv.close()
+        sender.close()

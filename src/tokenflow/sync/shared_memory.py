@@ -4,6 +4,9 @@ The sender owns two slots (double buffering), each one flat segment holding ever
 fixed offset, plus a small control block. Version v goes to slot ``v % 2``; before overwriting a
 slot the sender waits until every receiver has acknowledged the version it last held there, so a
 reader never sees torn weights while the trainer can run one update ahead of the slowest engine.
+With one slot (``sync.slots = 1``) the weights take half the shared memory and the sender waits
+for every receiver to have loaded version v before it writes v + 1: free where a step takes far
+longer than a load (a laptop: tens of seconds against a fraction of one), a stall where it does not.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tokenflow.sync.base import NamedTensors, SyncSpec, WeightsReady
 from tokenflow.sync.layout import pack, plan_layout, views
 from tokenflow.sync.names import shm_prefix
 
-SLOTS = 2
+SLOTS = 2  # the default: double buffering
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
@@ -45,17 +48,20 @@ def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
 
 
 class SharedMemorySender:
-    def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0) -> None:
+    def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0,
+                 slots: int = SLOTS) -> None:
+        if slots not in (1, 2):
+            raise ValueError(f"shared-memory weight sync takes 1 or 2 slots, not {slots}")
         layout = plan_layout(named_tensors)
         # Named after the run (tokenflow.sync.names): a killed run's segments are found and
         # removed when it resumes.
         tag = f"{shm_prefix()}_{uuid.uuid4().hex[:8]}"
         size = max(1, layout.total_bytes)
-        self._slots = [shared_memory.SharedMemory(name=f"{tag}_{i}", create=True, size=size) for i in range(SLOTS)]
+        self._slots = [shared_memory.SharedMemory(name=f"{tag}_{i}", create=True, size=size) for i in range(slots)]
         # control[slot] = [version written, version acked by receiver 0, receiver 1, ...]
         self._ctl_shm = shared_memory.SharedMemory(name=f"{tag}_ctl", create=True,
-                                                   size=8 * SLOTS * (1 + num_receivers))
-        self._ctl = np.ndarray((SLOTS, 1 + num_receivers), dtype=np.int64, buffer=self._ctl_shm.buf)
+                                                   size=8 * slots * (1 + num_receivers))
+        self._ctl = np.ndarray((slots, 1 + num_receivers), dtype=np.int64, buffer=self._ctl_shm.buf)
         self._ctl[:] = -1
         self._buckets = [[_bytes_view(s, layout.total_bytes)] for s in self._slots]
         self.timeout_s = timeout_s
@@ -68,7 +74,7 @@ class SharedMemorySender:
         """Nothing to wait for: receivers attach to the segments by name."""
 
     def send(self, named_tensors: NamedTensors, version: int, notify, checksum: str | None = None) -> dict[str, float]:
-        slot = version % SLOTS
+        slot = version % len(self._slots)
         t0 = time.perf_counter()
         with trace.span("sync/wait_slot", version=version):
             deadline = time.monotonic() + self.timeout_s
@@ -107,7 +113,7 @@ class SharedMemoryReceiver:
         opts = spec.options
         self._slots = [_attach(n) for n in opts["slots"]]
         self._ctl_shm = _attach(opts["control"])
-        self._ctl = np.ndarray((SLOTS, 1 + opts["num_receivers"]), dtype=np.int64, buffer=self._ctl_shm.buf)
+        self._ctl = np.ndarray((len(self._slots), 1 + opts["num_receivers"]), dtype=np.int64, buffer=self._ctl_shm.buf)
         self._views = [views(spec.layout, [_bytes_view(s, spec.layout.total_bytes)]) for s in self._slots]
         self._msg: WeightsReady | None = None
 
@@ -132,10 +138,11 @@ class SharedMemoryReceiver:
         acknowledgements its predecessor never sent, so every slot it will not read is released
         here; the newest is released by ``done`` once loaded (the sender only rewrites it two
         versions later, after that acknowledgement)."""
-        written = [int(self._ctl[s, 0]) for s in range(SLOTS)]
-        newest = max(range(SLOTS), key=lambda s: written[s])
+        n = len(self._slots)
+        written = [int(self._ctl[s, 0]) for s in range(n)]
+        newest = max(range(n), key=lambda s: written[s])
         load = written[newest] > version
-        for s in range(SLOTS):
+        for s in range(n):
             if not (load and s == newest):
                 self._ctl[s, 1 + self.index] = max(int(self._ctl[s, 1 + self.index]), written[s])
         return WeightsReady(written[newest], "shared_memory", newest, sent_at=time.time()) if load else None

@@ -5,7 +5,7 @@ made before any process starts, and the check that refuses a run that cannot fit
              trainable parameters + activations (per token per layer × micro-batch tokens; less
              under bfloat16 autocast and gradient checkpointing)
              + logits (vocabulary × min(micro-batch, logprob_chunk) tokens)
-             + the weight sync's two shared-memory slots + a background checkpoint's copy
+             + the weight sync's shared-memory slots + a background checkpoint's copy
     engine   process base + weights in its dtype + KV cache (max_num_seqs × longest sequence)
 
 Only what lives in host memory is counted: a worker on a GPU counts its process base. The check
@@ -164,9 +164,9 @@ def run_trainer_parts(cfg, m: ModelShape, tokens: int, **switches) -> dict[str, 
     background checkpoint's copy."""
     parts = trainer_parts(cfg, m, tokens, **switches)
     if cfg.sync.transport == "shared_memory":
-        # two slots of the weights as they travel (sync.dtype); the engines map the same pages,
-        # so they are counted here once
-        parts["sync_slots"] = 2 * m.params * (2 if wire_dtype(cfg.sync, cfg.engine.dtype) else 4)
+        # sync.slots copies of the weights as they travel (sync.dtype); the engines map the same
+        # pages, so they are counted here once
+        parts["sync_slots"] = cfg.sync.slots * m.params * (2 if wire_dtype(cfg.sync, cfg.engine.dtype) else 4)
     if cfg.run.checkpoint_every and cfg.run.checkpoint_background:
         # the copy a background checkpoint writes from, kept for the next one: float32 weights
         # and AdamW's two moments

@@ -103,6 +103,8 @@ class TrainerWorker:
 
         sync = self.cfg.sync
         opts = {"num_receivers": len(self.engine_qs), "timeout_s": sync.timeout_s}
+        if sync.transport == "shared_memory":
+            opts["slots"] = sync.slots
         if sync.transport == "broadcast":
             opts.update(bucket_mb=sync.bucket_mb, streams=sync.streams, device=str(self.trainer.device),
                         host=self._sync_host())
