@@ -57,6 +57,7 @@ def test_unknown_registered_name_lists_the_known_ones_and_suggests_one(key, typo
     (["--algorithm.clip_low", "0.3", "--algorithm.clip_high", "0.2"], "clip_high"),
     (["--algorithm.advantage", "gae"], "value head"),
     (["--sync.every", "3", "--rollout.max_staleness", "0"], "max_staleness"),
+    (["--sync.transport", "broadcast", "--sync.slots", "1"], "sync.slots applies to"),
     (["--engine.max_num_seqs", "4", "--rollout.group_size", "8"], r"engine.max_num_seqs \(4\) is below rollout.group_size \(8\)"),
     (["--task.name", "dataset"], "train_path"),
     (["--algorithm.overlong_buffer_tokens", "100", "--sampling.max_tokens", "96"], "overlong_buffer_tokens"),

@@ -117,6 +117,10 @@ def test_each_memory_setting_moves_the_estimate_the_right_way():
     assert need("--trainer.gradient_checkpointing", "true", "--trainer.logprob_chunk_tokens", "512") < \
         need("--trainer.gradient_checkpointing", "true")
     assert need("--trainer.lora_rank", "8") < base  # no gradients or AdamW state for the base weights
+    # one weight-sync slot instead of two: one copy of the weights as they travel (bfloat16) less
+    slots = {n: run_trainer_parts(small_config("--sync.slots", str(n), "--engine.dtype", "bfloat16"), SMOLLM2, 4096)
+             for n in (1, 2)}
+    assert slots[2]["sync_slots"] - slots[1]["sync_slots"] == 2 * SMOLLM2.params
     # a micro-batch never holds less than one sequence, nor more than the whole batch
     cfg = small_config("--rollout.prompts_per_step", "2", "--rollout.group_size", "2")
     assert micro_batch_fill(cfg, 300, 100) == 300 and micro_batch_fill(cfg, 300, 8192) == 1200
