@@ -110,6 +110,11 @@ class TrainerConfig(ConfigModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
 
+    lean_activations: bool = True
+    """Llama-family RMSNorms and gated MLPs (Llama, Mistral, Qwen2, Qwen3) keep less for the
+    backward pass and recompute the elementwise rest (`tokenflow.trainer.model.lean_layers`): the
+    forward is bit-identical, the gradients agree to rounding. Off: transformers' own modules."""
+
     memory_budget_gb: float | None = Field(default=None, gt=0)
     """The most host memory the trainer process may use, in GB (1e9 bytes). Before any process
     starts, ``tokenflow train`` estimates a CPU trainer's peak (weights, gradients and AdamW

@@ -188,7 +188,8 @@ class TinkerService(RunsMixin, SamplingMixin):
         st = self.settings
         cfg = SimpleNamespace(
             trainer=SimpleNamespace(gradient_checkpointing=st.recompute, logprob_chunk_tokens=512, world_size=1,
-                                    lora_rank=lora.rank if lora else None, dtype=st.dtype),
+                                    lora_rank=lora.rank if lora else None, dtype=st.dtype,
+                                    lean_activations=False),  # TrainingModel keeps transformers' modules
             algorithm=SimpleNamespace(kl_coef=0.0, reference_model=None))
         need = sum(trainer_parts(cfg, ModelShape.read(folder), st.micro_batch_tokens).values())
         if need > have:

@@ -22,7 +22,7 @@ from tokenflow.runtime.run.memory_estimate import (AVAILABLE_ENV, GB, ModelShape
 # SmolLM2-135M's shapes (its config.json), so the estimate's arithmetic is checked on a real model
 # without building it.
 SMOLLM2 = ModelShape(params=134_515_008, hidden=576, layers=30, intermediate=1536, vocab=49152, kv_dim=192,
-                     max_positions=8192)
+                     max_positions=8192, family="llama")
 
 
 def _cli(args: list[str], **env) -> subprocess.CompletedProcess:
@@ -117,6 +117,10 @@ def test_each_memory_setting_moves_the_estimate_the_right_way():
     assert need("--trainer.gradient_checkpointing", "true", "--trainer.logprob_chunk_tokens", "512") < \
         need("--trainer.gradient_checkpointing", "true")
     assert need("--trainer.lora_rank", "8") < base  # no gradients or AdamW state for the base weights
+    # lean activations keep, per token and layer, 2 float32 norms' worth of hidden values and 2 of
+    # the MLP's intermediate ones less (in float32, the tiny test config's dtype)
+    lean_off = need("--trainer.lean_activations", "false")
+    assert lean_off - base == pytest.approx(4 * 8192 * SMOLLM2.layers * (2 * SMOLLM2.hidden + 2 * SMOLLM2.intermediate))
     # one weight-sync slot instead of two: one copy of the weights as they travel (bfloat16) less
     slots = {n: run_trainer_parts(small_config("--sync.slots", str(n), "--engine.dtype", "bfloat16"), SMOLLM2, 4096)
              for n in (1, 2)}

@@ -39,6 +39,12 @@ AUTOCAST_BF16 = 2 / 3  # their bytes under bfloat16 autocast: matmul inputs in b
 CHECKPOINTED = 0.45  # the fraction of that still held at the peak with trainer.gradient_checkpointing
 LOGIT_COPIES = 4.0  # float32 logits of a chunk: logits, log-softmax, their gradients
 PROMPT_TOKENS = 256  # a prompt's length when the task's prompts are not at hand (--dry-run)
+# trainer.lean_activations (trainer/model/lean_layers.py), float32-sized values per token per
+# layer no longer kept, × (hidden, intermediate): each RMSNorm's float32 x·rstd; silu(gate) and
+# silu(gate)·up; under bfloat16 autocast those two are bfloat16, and x's second cast (for up) goes.
+LEAN_FP32 = (2.0, 2.0)
+LEAN_BF16 = (2.5, 1.0)
+LEAN_FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}  # config.json's model_type
 
 
 @dataclass
@@ -50,6 +56,7 @@ class ModelShape:
     vocab: int
     kv_dim: int  # kv heads × head dim
     max_positions: int
+    family: str = ""  # config.json's model_type
 
     @classmethod
     def read(cls, folder: str | Path) -> "ModelShape":
@@ -67,7 +74,8 @@ class ModelShape:
             experts = int(c.get("num_local_experts") or 1)
             per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * inter * experts
             params = layers * per_layer + vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
-        return cls(params, hidden, layers, inter, vocab, kv_dim, int(c.get("max_position_embeddings") or 4096))
+        return cls(params, hidden, layers, inter, vocab, kv_dim, int(c.get("max_position_embeddings") or 4096),
+                   str(c.get("model_type") or ""))
 
 
 def safetensors_params(folder: Path) -> int | None:
@@ -146,6 +154,9 @@ def trainer_parts(cfg, m: ModelShape, tokens: int, *, checkpointing: bool | None
     floats = m.layers * (ACT_PER_HIDDEN * m.hidden + ACT_PER_INTER * m.intermediate)
     if t.dtype == "bfloat16":
         floats *= AUTOCAST_BF16
+    if t.lean_activations and m.family in LEAN_FAMILIES:  # not kept (trainer/model/lean_layers.py): see LEAN_* above
+        per_hidden, per_inter = LEAN_BF16 if t.dtype == "bfloat16" else LEAN_FP32
+        floats -= m.layers * (per_hidden * m.hidden + per_inter * m.intermediate)
     if checkpointing:  # layer inputs, a layer recomputed, its gradients: measured
         floats *= CHECKPOINTED
     return {"base": PROCESS_BASE, "weights": 4 * m.params * (2 if kl else 1), "grads+adam": 12 * trainable,

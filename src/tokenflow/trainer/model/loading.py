@@ -52,6 +52,10 @@ def load_policy(model, config: TrainerConfig, algorithm: AlgorithmConfig, device
         reference = frozen_copy(policy if ref is None else load_causal_lm(ref, **load))
     for m in filter(None, [policy, reference] if config.fp32_lm_head else []):
         use_fp32_lm_head(m)
+    if config.lean_activations:
+        from tokenflow.trainer.model.lean_layers import use_lean_layers
+
+        use_lean_layers(policy)
     if config.gradient_checkpointing:
         enable_checkpointing(policy)
     if is_lora:
