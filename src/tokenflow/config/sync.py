@@ -33,8 +33,8 @@ class SyncConfig(ConfigModel):
 
     slots: int = Field(default=2, ge=1, le=2)
     """Shared-memory slots the weights travel through. 2 (double buffering): the trainer writes
-    version v + 1 while an engine may still be loading v. 1: half the shared memory (0.27 GB less
-    for SmolLM2-135M in bfloat16), and the trainer waits for every engine to have loaded v before
+    version v + 1 while an engine may still be loading v. 1: half the shared memory (0.33 GB less
+    for SmolLM2-135M in bfloat16, ``sync/bytes``), and the trainer waits for every engine to have loaded v before
     writing v + 1, which costs nothing where a step takes far longer than a load (the laptop
     example: about 50 s against under a second) and stalls the trainer where it does not."""
 

@@ -171,8 +171,8 @@ def _trainable(cfg, m: ModelShape) -> int:
 
 def run_trainer_parts(cfg, m: ModelShape, tokens: int, **switches) -> dict[str, float]:
     """A trainer in a ``tokenflow train`` run, in bytes by part: its steps (`trainer_parts`, with
-    ``switches``) and what it holds beside them, the weight sync's two shared-memory slots and a
-    background checkpoint's copy."""
+    ``switches``) and what it holds beside them, the weight sync's ``sync.slots`` shared-memory
+    slots and a background checkpoint's copy."""
     parts = trainer_parts(cfg, m, tokens, **switches)
     if cfg.sync.transport == "shared_memory":
         # sync.slots copies of the weights as they travel (sync.dtype); the engines map the same
