@@ -128,21 +128,23 @@ def test_a_key_is_required_when_the_service_has_one(tmp_path, monkeypatch):
 
 
 def test_a_session_that_stops_beating_is_finished_and_its_models_unloaded(tmp_path):
-    import time
-
     import httpx
 
     from tokenflow.serve.server import BackgroundServer
     from tokenflow.tinker.app import create_app
     from tokenflow.tinker.service import Settings, TinkerService
 
-    svc = TinkerService(Settings(root=str(tmp_path), session_timeout_s=1.0, max_models=1))
+    # The dead client's silence is made by moving its last heartbeat back past the timeout, not by
+    # sleeping past a short one: with a 1 s timeout, a model load on a loaded machine (CI) took
+    # longer than that and the live session expired too.
+    svc = TinkerService(Settings(root=str(tmp_path), session_timeout_s=600.0, max_models=1))
     with BackgroundServer(create_app(svc)) as server, httpx.Client(base_url=server.url, timeout=60) as http:
         gone = http.post("/api/v1/create_session", json={}).json()["session_id"]  # a client that dies
         rid = http.post("/api/v1/create_model", json={"session_id": gone, "base_model": "default",
                                                       "lora_config": {"rank": 2}}).json()["request_id"]
         model_id = http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()["model_id"]
-        time.sleep(1.5)
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": gone}).status_code == 200
+        svc.sessions[gone]["seen"] -= 601.0  # its last word, 601 s ago
         alive = http.post("/api/v1/create_session", json={}).json()["session_id"]  # sweeps the dead one
         rid = http.post("/api/v1/create_model", json={"session_id": alive, "base_model": "default",
                                                       "lora_config": {"rank": 2}}).json()["request_id"]

@@ -97,3 +97,22 @@ def test_off_policy_metrics_on_a_constructed_batch():
                 version=8).train_step(rollouts)
     assert m["offpolicy/rejected_frac"] == pytest.approx(n_stale / n_loss)
     assert m["offpolicy/is_ratio_max"] == pytest.approx(1.0, abs=1e-4)  # only fresh tokens remain
+
+
+def test_the_mismatch_leaves_out_tokens_sampled_after_an_in_flight_update():
+    """A rollout whose first tokens came from version 6 and the rest from 7: its version-7 tokens
+    read keys and values computed under version 6, so they are not engine-vs-trainer tokens of
+    version 7. Their engine log-probs are made off by log 3 here; the mismatch must not see them,
+    and must see every token of the rollouts made wholly under version 7."""
+    model = tiny_model(seed=3)
+    rollouts = on_policy(model, make_rollouts(seed=4, version=7))
+    spanning = [i for i in range(0, len(rollouts), 2) if rollouts[i].loss_mask[len(rollouts[i].versions) // 2:].any()]
+    assert spanning
+    for i in spanning:
+        r = rollouts[i]
+        r.versions[: len(r.versions) // 2] = 6
+        r.logprobs = r.logprobs - np.log(3.0)
+    m = Trainer(model, TrainerConfig(device="cpu", lr=0.0), AlgorithmConfig(max_token_age=1), version=7).train_step(rollouts)
+    whole = sum(int(r.loss_mask.sum()) for i, r in enumerate(rollouts) if i not in spanning)
+    assert m["offpolicy/mismatch_tokens"] == whole
+    assert m["offpolicy/mismatch_abs_logprob"] < 1e-5

@@ -132,8 +132,18 @@ class MicroBatch:
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def per_token(self, per_seq: list[np.ndarray], dtype=torch.float32) -> torch.Tensor:
-        """Concatenate per-sequence arrays (indexed by ``TrainSequence.index``) in target order."""
+    def made_under(self, version: int) -> torch.Tensor:
+        """[n] bool: loss tokens that, with every token before them in their sequence, were
+        sampled under policy ``version``. A token sampled after an in-flight weight update read
+        keys and values computed under the older weights, so the trainer's log-prob of it differs
+        from the engine's for that reason alone; it is left out where engine and trainer are
+        compared on the same weights."""
+        prefix_min = {s.index: np.minimum.accumulate(np.asarray(s.versions)) for s in self.seqs}
+        return self.mask & (self.per_token(prefix_min, dtype=torch.int64) == version)
+
+    def per_token(self, per_seq, dtype=torch.float32) -> torch.Tensor:
+        """Concatenate per-sequence arrays (a list or mapping indexed by ``TrainSequence.index``)
+        in target order."""
         parts = [np.asarray(per_seq[s.index]) for s in self.seqs]
         return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=self.targets.device)
 

@@ -69,7 +69,7 @@ class Stepper:
 
     def _probe_routing(self, mb: MicroBatch, acc: Accumulator, version: int) -> None:
         """The on-policy mismatch had the trainer routed the other way (``trainer.routing_probe``)."""
-        same = mb.mask & (mb.versions == version)
+        same = mb.made_under(version)
         if bool(same.any()):
             logp = self.routing.score_other_way(
                 mb, lambda: self.runner.logprobs(mb, SupportMask.for_batch(mb, self.runner.vocab_size),
@@ -140,8 +140,9 @@ class Stepper:
 
 
 def record_mismatch(mb: MicroBatch, logp: torch.Tensor, acc: Accumulator, version: int) -> None:
-    """Engine vs trainer on the same weights: loss tokens whose version is the trainer's."""
-    same = mb.mask & (mb.versions == version)
+    """Engine vs trainer on the same weights: loss tokens made, with all before them in their
+    sequence, under the trainer's version (`MicroBatch.made_under`)."""
+    same = mb.made_under(version)
     if not bool(same.any()):
         return
     d = (logp - mb.behaviour)[same]

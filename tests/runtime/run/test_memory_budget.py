@@ -117,10 +117,14 @@ def test_each_memory_setting_moves_the_estimate_the_right_way():
     assert need("--trainer.gradient_checkpointing", "true", "--trainer.logprob_chunk_tokens", "512") < \
         need("--trainer.gradient_checkpointing", "true")
     assert need("--trainer.lora_rank", "8") < base  # no gradients or AdamW state for the base weights
-    # lean activations keep, per token and layer, 2 float32 norms' worth of hidden values and 2 of
-    # the MLP's intermediate ones less (in float32, the tiny test config's dtype)
+    # lean activations take, per token and layer, one intermediate-size float32 value off the
+    # peak in float32 (the tiny test config's dtype; measured, memory_estimate.LEAN_FP32), and 2.5
+    # hidden-size and one intermediate-size values under bfloat16 autocast (LEAN_BF16)
     lean_off = need("--trainer.lean_activations", "false")
-    assert lean_off - base == pytest.approx(4 * 8192 * SMOLLM2.layers * (2 * SMOLLM2.hidden + 2 * SMOLLM2.intermediate))
+    assert lean_off - base == pytest.approx(4 * 8192 * SMOLLM2.layers * SMOLLM2.intermediate)
+    bf16 = ("--trainer.dtype", "bfloat16")
+    lean_off = need(*bf16, "--trainer.lean_activations", "false")
+    assert lean_off - need(*bf16) == pytest.approx(4 * 8192 * SMOLLM2.layers * (2.5 * SMOLLM2.hidden + SMOLLM2.intermediate))
     # one weight-sync slot instead of two: one copy of the weights as they travel (bfloat16) less
     slots = {n: run_trainer_parts(small_config("--sync.slots", str(n), "--engine.dtype", "bfloat16"), SMOLLM2, 4096)
              for n in (1, 2)}

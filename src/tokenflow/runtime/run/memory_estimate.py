@@ -39,10 +39,14 @@ AUTOCAST_BF16 = 2 / 3  # their bytes under bfloat16 autocast: matmul inputs in b
 CHECKPOINTED = 0.45  # the fraction of that still held at the peak with trainer.gradient_checkpointing
 LOGIT_COPIES = 4.0  # float32 logits of a chunk: logits, log-softmax, their gradients
 PROMPT_TOKENS = 256  # a prompt's length when the task's prompts are not at hand (--dry-run)
-# trainer.lean_activations (trainer/model/lean_layers.py), float32-sized values per token per
-# layer no longer kept, × (hidden, intermediate): each RMSNorm's float32 x·rstd; silu(gate) and
-# silu(gate)·up; under bfloat16 autocast those two are bfloat16, and x's second cast (for up) goes.
-LEAN_FP32 = (2.0, 2.0)
+# trainer.lean_activations (trainer/model/lean_layers.py): float32-sized values per token per
+# layer off the peak, × (hidden, intermediate). Under bfloat16 autocast, what autograd no longer
+# keeps (each RMSNorm's float32 x·rstd; silu(gate) and silu(gate)·up in bfloat16; x's second cast):
+# SmolLM2's first step measured 0.17 GB less where this counts 0.18. In float32 autograd stops
+# keeping 2 × (hidden + intermediate), but the tiny model's peak fell by only 350-640 floats per
+# token-layer (2,048-16,384 tokens; the backward's transient buffers set the peak there), so the
+# low end is counted: one intermediate-size value.
+LEAN_FP32 = (0.0, 1.0)
 LEAN_BF16 = (2.5, 1.0)
 LEAN_FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}  # config.json's model_type
 
