@@ -98,3 +98,23 @@ def test_a_wrapped_projection_keeps_the_module_forward():
     ids = _ids(plain)
     with torch.no_grad():
         assert torch.equal(lean(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_every_family_the_estimate_counts_is_swapped_in_a_real_model_of_that_family():
+    """`lean_families` names classes by string for the memory estimate, which cannot import
+    torch: a name transformers does not have (a typo, a rename) would leave a family unswapped
+    while the estimate still subtracts its saving. A tiny model of each family the estimate
+    counts has every norm and MLP swapped."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tokenflow.trainer.model.lean_families import FULL_FAMILIES, LEAN_CLASSES
+
+    for family in sorted(FULL_FAMILIES):
+        cfg = AutoConfig.for_model(family, vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+        model = AutoModelForCausalLM.from_config(cfg)
+        norm, mlp = LEAN_CLASSES[family]
+        names = [type(m).__name__ for m in model.modules()]
+        # an MLP and at least two norms per layer (Qwen3 norms queries and keys too), the final norm
+        assert names.count(mlp) == 2 and names.count(norm) >= 2 * 2 + 1, (family, names)
+        assert use_lean_layers(model) == names.count(mlp) + names.count(norm), family

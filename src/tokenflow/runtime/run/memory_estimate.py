@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tokenflow.config.sync import wire_dtype
 from tokenflow.errors import InputError
+from tokenflow.trainer.model.lean_families import FULL_FAMILIES as LEAN_FAMILIES
 
 GB = 1e9
 AVAILABLE_ENV = "TOKENFLOW_MEMORY_AVAILABLE_GB"
@@ -48,7 +49,6 @@ PROMPT_TOKENS = 256  # a prompt's length when the task's prompts are not at hand
 # low end is counted: one intermediate-size value.
 LEAN_FP32 = (0.0, 1.0)
 LEAN_BF16 = (2.5, 1.0)
-LEAN_FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}  # config.json's model_type
 
 
 @dataclass

@@ -28,12 +28,11 @@ import types
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
+# NORMS: x·rsqrt(mean(x²) + eps), times the weight, computed in float32 and cast back to the
+# input's dtype; MLPS: down(silu(gate(x)) · up(x)), bias-free
+from tokenflow.trainer.model.lean_families import MLPS, NORMS
 
-# x·rsqrt(mean(x²) + eps), times the weight, computed in float32 and cast back to the input's dtype
-NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoRMSNorm"}
-# down(silu(gate(x)) · up(x)), bias-free
-MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
+log = logging.getLogger(__name__)
 
 
 class RMSNormFn(torch.autograd.Function):
