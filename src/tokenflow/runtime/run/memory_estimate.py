@@ -45,8 +45,8 @@ PROMPT_TOKENS = 256  # a prompt's length when the task's prompts are not at hand
 # keeps (each RMSNorm's float32 x·rstd; silu(gate) and silu(gate)·up in bfloat16; x's second cast):
 # SmolLM2's first step measured 0.17 GB less where this counts 0.18. In float32 autograd stops
 # keeping 2 × (hidden + intermediate), but the tiny model's peak fell by only 350-640 floats per
-# token-layer (2,048-16,384 tokens; the backward's transient buffers set the peak there), so the
-# low end is counted: one intermediate-size value.
+# token-layer (2,048-16,384 tokens; why is not established: the backward's transient buffers may
+# set that peak), so the low end is counted: one intermediate-size value.
 LEAN_FP32 = (0.0, 1.0)
 LEAN_BF16 = (2.5, 1.0)
 
