@@ -46,3 +46,26 @@ def test_a_reattached_receiver_loads_the_newest_slot_and_releases_the_old_ones()
         again.close()
     finally:
         sender.close()
+
+
+def test_with_one_slot_a_replacement_already_holding_the_newest_version_releases_the_slot():
+    """sync.slots = 1: the trainer rewrites the only slot once every engine acknowledged it. An
+    engine that died after the trainer wrote version 2 but before acknowledging it, replaced by one
+    that starts from version 2 already (a checkpoint), loads nothing; its `latest` must still
+    release the slot, or the trainer's next write waits until its timeout."""
+    sender = make_sender("shared_memory", _weights(0).items(), num_receivers=1, timeout_s=1.0, slots=1)
+    notices = []
+    try:
+        first = make_receiver(sender.spec)
+        sender.send(_weights(1).items(), 1, notify=notices.append)
+        _load(first, notices[-1])
+        sender.send(_weights(2).items(), 2, notify=notices.append)  # the engine dies before acknowledging it
+        first.close()
+
+        again = make_receiver(sender.spec)
+        assert again.latest(version=2) is None  # it holds version 2: nothing to load
+        sender.send(_weights(3).items(), 3, notify=notices.append)  # no timeout: the slot was released
+        assert all(torch.equal(t, _weights(3)[k]) for k, t in _load(again, notices[-1]).items())
+        again.close()
+    finally:
+        sender.close()

@@ -54,11 +54,15 @@ def _heal_rows(run) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim, after_step", [("trainer", 4), ("engine", 2), ("scorer0", 2)])
+# One weight-sync slot (sync.slots = 1, the laptop example's): the trainer writes a version only
+# after every engine acknowledged the last, so a dead engine or trainer must not leave the other
+# waiting on that slot, nor the slot in /dev/shm.
+@pytest.mark.parametrize("victim, after_step, slots", [("trainer", 4, 2), ("engine", 2, 2), ("scorer0", 2, 2),
+                                                       ("trainer", 4, 1), ("engine", 2, 1)])
 def test_a_killed_worker_is_replaced_and_the_run_finishes_as_if_it_had_not_died(tmp_path, reference, victim,
-                                                                                after_step):
+                                                                                after_step, slots):
     run, log = tmp_path / "run", tmp_path / "log"
-    proc = start_cli([*SMALL, *HEALED, "--output-dir", str(run)], log)
+    proc = start_cli([*SMALL, *HEALED, "--sync.slots", str(slots), "--output-dir", str(run)], log)
     try:
         wait_until(lambda: (run / "prompts.jsonl").exists() and len(ledger(run)) >= after_step, 240,
                    f"step {after_step}", proc)
