@@ -192,5 +192,19 @@ def test_weights_travel_as_bfloat16_to_a_bfloat16_engine(tmp_path):
     from tokenflow.report import load_run
 
     tl = load_run(tmp_path / "bf16").timeline
-    loads, trims = tl.intervals(("sync/apply",)), tl.intervals(("host/release_memory",))
+    loads, trims = tl.intervals(("sync/apply",)), tl.intervals(("host/release_memory",), "engine")
     assert len(loads) >= 1 and len(trims) == len(loads), (len(loads), len(trims))
+
+
+def test_the_trainer_hands_its_kept_heap_back_once_its_last_step_is_done(tmp_path):
+    """A CPU trainer keeps the heap a step frees for the next step (``trainer.keep_host_memory``);
+    after the last step there is none, and the final evaluation's memory would come on top of a
+    training step's. The trainer hands its free pages back then, once, after its last step."""
+    from tokenflow.report import load_run
+
+    cfg = small_config("--run.steps", "2", "--run.checkpoint_every", "0", "--metrics.trace", "true")
+    assert train(cfg, tmp_path / "run")["steps"] == 2
+    tl = load_run(tmp_path / "run").timeline
+    steps, trims = tl.intervals(("trainer/step",), "trainer"), tl.intervals(("host/release_memory",), "trainer")
+    assert len(steps) == 2 and len(trims) == 1, (steps, trims)
+    assert trims[0, 0] >= steps[:, 1].max()

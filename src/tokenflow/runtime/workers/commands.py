@@ -13,11 +13,11 @@ import json
 
 from tokenflow.rollout_files import RolloutFileError, decode, encode, metadata
 from tokenflow.runtime.workers.messages import (
-    EngineReplaced, PushWeights, ReformSync, Save, SetThreads, Shutdown, Train,
+    EngineReplaced, PushWeights, ReformSync, ReleaseHostMemory, Save, SetThreads, Shutdown, Train,
 )
 
 COMMANDS = {cls.__name__: cls for cls in (Train, Save, ReformSync, SetThreads, Shutdown, EngineReplaced,
-                                          PushWeights)}
+                                          PushWeights, ReleaseHostMemory)}
 """What rank 0 forwards, by name."""
 _KEY = "tokenflow.command"
 _PLAIN = {"int": (int,), "bool": (bool,), "str": (str,), "float": (int, float)}  # field annotation → JSON types

@@ -182,6 +182,13 @@ class EngineReplaced:
 
 
 @dataclass(frozen=True)
+class ReleaseHostMemory:
+    """The trainer is idle for the rest of the run (the last step is done): hand the heap's free
+    pages back. A CPU trainer keeps them between steps for speed (``trainer.keep_host_memory``),
+    which is 2 GB or more of a laptop run's memory while the final evaluation runs."""
+
+
+@dataclass(frozen=True)
 class PushWeights:
     """Push the current weights now, without a step: a replaced trainer's catch-up, so that an
     engine that attaches to its new weight sync finds the version the others hold."""

@@ -12,6 +12,7 @@ import logging
 import queue
 import time
 
+from tokenflow.host_memory import release_freed_memory
 from tokenflow.metrics import trace
 from tokenflow.runtime.workers.checkpoint_writer import CheckpointWriter, load_trainer_state
 from tokenflow.runtime.workers.commands import decode_command, encode_command
@@ -21,6 +22,7 @@ from tokenflow.runtime.workers.messages import (
     PushWeights,
     RelayedNotice,
     ReformSync,
+    ReleaseHostMemory,
     ResizeSync,
     Save,
     Shutdown,
@@ -268,6 +270,9 @@ class TrainerWorker:
         elif isinstance(msg, EngineReplaced):
             if self.rank == 0:
                 self.relay_to(msg.index)
+        elif isinstance(msg, ReleaseHostMemory):
+            with trace.span("host/release_memory"):
+                release_freed_memory()
         elif isinstance(msg, Shutdown):
             return False
         else:
