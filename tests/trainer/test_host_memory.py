@@ -96,30 +96,37 @@ def test_without_keep_host_memory_a_step_hands_the_heaps_holes_back():
     assert on["after"] > on["before"] - 20e6, on
 
 
-# A CPU trainer bounds oneDNN's kernel cache in its own process (trainer.onednn_cache_capacity),
-# seen through oneDNN's own log: a bfloat16 product run twice builds its kernel once when the
-# cache keeps it (the second build is a "cache_hit") and twice when the capacity is 0.
-_KERNELS = textwrap.dedent("""
-    import sys
-    import torch
-    from tests.trainer.trainer_testlib import tiny_model
-    from tokenflow.algorithms import AlgorithmConfig
-    from tokenflow.trainer import Trainer, TrainerConfig
-    Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", onednn_cache_capacity=int(sys.argv[1])),
-            AlgorithmConfig())
-    a = torch.ones(256, 256, dtype=torch.bfloat16)
-    for _ in range(2):
-        a @ a
-""")
+# A CPU trainer (trainer.onednn_cache_capacity) and a CPU engine (engine.onednn_cache_capacity)
+# bound oneDNN's kernel cache in their own process, seen through oneDNN's own log: a bfloat16
+# product run twice builds its kernel once when the cache keeps it (the second build is a
+# "cache_hit") and twice when the capacity is 0.
+_BUILD = {
+    "trainer": """
+from tests.trainer.trainer_testlib import tiny_model
+from tokenflow.algorithms import AlgorithmConfig
+from tokenflow.trainer import Trainer, TrainerConfig
+Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", onednn_cache_capacity=int(sys.argv[1])), AlgorithmConfig())
+""",
+    "engine": """
+from tests.engine.engine_testlib import hf_model, make_engine
+make_engine(hf_model("llama"), onednn_cache_capacity=int(sys.argv[1]))
+""",
+}
+_KERNELS = """
+a = torch.ones(256, 256, dtype=torch.bfloat16)
+for _ in range(2):
+    a @ a
+"""
 
 
-def _kernel_builds(capacity: int, **env) -> list[str]:
+def _kernel_builds(worker: str, capacity: int, **env) -> list[str]:
     import os
 
-    # A trainer built earlier in this test process set the variable in its environment; the
-    # probe starts without it unless the case sets it.
+    # A trainer or engine built earlier in this test process set the variable in its
+    # environment; the probe starts without it unless the case sets it.
     base = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    done = subprocess.run([sys.executable, "-c", _KERNELS, str(capacity)], capture_output=True, text=True,
+    probe = "import sys\nimport torch\n" + _BUILD[worker] + _KERNELS
+    done = subprocess.run([sys.executable, "-c", probe, str(capacity)], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env={**base, "ONEDNN_VERBOSE": "all", **env})
     assert done.returncode == 0, done.stderr[-3000:]
     return [line.split(",")[3] for line in done.stdout.splitlines()
@@ -127,11 +134,12 @@ def _kernel_builds(capacity: int, **env) -> list[str]:
 
 
 @pytest.mark.slow  # three fresh processes that import torch
-def test_a_cpu_trainer_bounds_onednn_kernel_cache():
-    kept = _kernel_builds(128)
+@pytest.mark.parametrize("worker", ["trainer", "engine"])
+def test_a_cpu_worker_bounds_onednn_kernel_cache(worker):
+    kept = _kernel_builds(worker, 128)
     if not kept:
         pytest.skip("this CPU's bfloat16 products do not run through oneDNN")
     assert kept == ["create:cache_miss", "create:cache_hit"]
-    assert _kernel_builds(0) == ["create:cache_miss", "create:cache_miss"]
-    # the user's own setting wins over the trainer's
-    assert _kernel_builds(128, ONEDNN_PRIMITIVE_CACHE_CAPACITY="0") == ["create:cache_miss", "create:cache_miss"]
+    assert _kernel_builds(worker, 0) == ["create:cache_miss", "create:cache_miss"]
+    # the user's own setting wins over the worker's
+    assert _kernel_builds(worker, 128, ONEDNN_PRIMITIVE_CACHE_CAPACITY="0") == ["create:cache_miss", "create:cache_miss"]

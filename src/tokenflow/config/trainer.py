@@ -144,13 +144,14 @@ class TrainerConfig(ConfigModel):
     add up to; steps then pay page faults for fresh memory (SmolLM2-135M on examples/laptop_math's
     batches, one thread: 178-187 tokens/s against 198-213 with it on, which that example keeps)."""
 
-    onednn_cache_capacity: int | None = Field(default=128, ge=0)
+    onednn_cache_capacity: int | None = Field(default=16, ge=0)
     """A CPU trainer: the most compiled oneDNN kernels its process keeps (oneDNN's
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1,024 by its own default; set in the environment, that
     wins). Each holds memory, and micro-batches of varied lengths make new shapes all run long:
     SmolLM2-135M on examples/laptop_math peaked at 6.8 GB by its fifth step with oneDNN's default
-    and 5.7 GB with 128, at the same speed (`tokenflow.trainer.model.memory.limit_onednn_cache`).
-    None: oneDNN's default."""
+    and 5.7 GB with 128; in the whole run the trainer ended at 4.5 GB with 16 against 4.8-5.0
+    with 128, at the same tokens/s (`tokenflow.host_memory.limit_onednn_cache`). None: oneDNN's
+    default."""
 
     attn_implementation: str = "sdpa"
     """transformers attention implementation for models loaded from a path."""

@@ -36,8 +36,8 @@ from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model.loading import load_policy
-from tokenflow.host_memory import release_freed_memory
-from tokenflow.trainer.model.memory import keep_host_memory, limit_onednn_cache
+from tokenflow.host_memory import limit_onednn_cache, release_freed_memory
+from tokenflow.trainer.model.memory import keep_host_memory
 from tokenflow.trainer.model.runner import CausalLMRunner
 from tokenflow.trainer.model.value_head import ValueHead
 from tokenflow.trainer.passes import NoGradPasses
@@ -84,7 +84,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
         keep_host_memory(config.keep_host_memory, self.device)
-        limit_onednn_cache(config.onednn_cache_capacity, self.device)
+        limit_onednn_cache(config.onednn_cache_capacity, self.device.type)
         # off on a CPU trainer: each step hands its freed memory back (release_freed_memory)
         self.trims_memory = self.device.type == "cpu" and not config.keep_host_memory
         loaded = load_policy(model, config, algorithm, self.device)

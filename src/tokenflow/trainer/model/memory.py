@@ -1,6 +1,7 @@
 """Host memory of a CPU trainer: keep what a training step frees for the next step.
 
-``trainer.onednn_cache_capacity`` bounds oneDNN's cache of CPU kernels (:func:`limit_onednn_cache`).
+``trainer.onednn_cache_capacity`` bounds oneDNN's cache of CPU kernels
+(`tokenflow.host_memory.limit_onednn_cache`).
 ``trainer.keep_host_memory`` (a CPU trainer only) turns glibc's heap trimming and its mmap for
 large blocks off in the trainer process (:func:`keep_freed_memory`, which says why); turned off,
 every step ends by handing the heap's free pages back (`tokenflow.host_memory`).
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 import torch
 
@@ -50,25 +50,3 @@ def keep_host_memory(enabled: bool, device: torch.device) -> bool:
     """``trainer.keep_host_memory`` for a trainer on ``device``: only a CPU trainer's steps live
     in host memory. True when the allocator was tuned."""
     return device.type == "cpu" and enabled and keep_freed_memory()
-
-
-ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-
-
-def limit_onednn_cache(capacity: int | None, device: torch.device) -> bool:
-    """Bound oneDNN's primitive cache (``trainer.onednn_cache_capacity``) in a CPU trainer's
-    process. True when set here; False on another device, with None, or where the user's own
-    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is in the environment (it wins).
-
-    oneDNN keeps a compiled kernel, with memory of its own, for every matrix-product shape it
-    meets, up to 1,024 of them by default. A trainer's micro-batches of varied lengths make new
-    shapes all run long, so that memory grows step after step: SmolLM2-135M on
-    examples/laptop_math, the process's peak after each of five steps was 4.0, 5.5, 5.8, 6.3,
-    6.8 GB with oneDNN's default and 4.0, 5.3, 5.5, 5.7, 5.7 GB with 128, at the same speed (the
-    kernels a micro-batch reuses across its layers stay cached). oneDNN reads the setting when
-    it builds its first kernel, so this acts in a process that has not run one yet: the
-    runtime's trainer worker, a fresh script."""
-    if capacity is None or device.type != "cpu" or ONEDNN_CACHE_ENV in os.environ:
-        return False
-    os.environ[ONEDNN_CACHE_ENV] = str(capacity)
-    return True
