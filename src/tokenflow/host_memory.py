@@ -64,9 +64,9 @@ def limit_onednn_cache(capacity: int | None, device_type: str) -> bool:
     engine's batches of every size from 1 to ``max_num_seqs``, make new shapes all run long, so
     that memory grows: SmolLM2-135M on examples/laptop_math, the trainer process's peak after
     each of five steps was 4.0, 5.5, 5.8, 6.3, 6.8 GB with oneDNN's default and 4.0, 5.3, 5.5,
-    5.7, 5.7 GB with 128; with 16 the whole run's trainer ended at 4.5 GB against 4.8-5.0 with
-    128, at the same tokens/s (the kernels of one micro-batch's layers are rebuilt at most once
-    each). oneDNN reads the setting when it builds its first kernel, so this acts in a process
+    5.7, 5.7 GB with 128; with 16 the whole run's trainer ended at 4.5-4.7 GB against 4.8-5.0
+    with 128, at the same tokens/s (the kernels it drops are rebuilt, which costs less than the
+    noise of a step's time here). oneDNN reads the setting when it builds its first kernel, so this acts in a process
     that has not run one yet: the runtime's workers, a fresh script."""
     if capacity is None or device_type != "cpu" or ONEDNN_CACHE_ENV in os.environ:
         return False

@@ -149,7 +149,7 @@ class TrainerConfig(ConfigModel):
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1,024 by its own default; set in the environment, that
     wins). Each holds memory, and micro-batches of varied lengths make new shapes all run long:
     SmolLM2-135M on examples/laptop_math peaked at 6.8 GB by its fifth step with oneDNN's default
-    and 5.7 GB with 128; in the whole run the trainer ended at 4.5 GB with 16 against 4.8-5.0
+    and 5.7 GB with 128; in the whole run the trainer ended at 4.5-4.7 GB with 16 against 4.8-5.0
     with 128, at the same tokens/s (`tokenflow.host_memory.limit_onednn_cache`). None: oneDNN's
     default."""
 
