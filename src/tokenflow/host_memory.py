@@ -66,8 +66,8 @@ def limit_onednn_cache(capacity: int | None, device_type: str) -> bool:
     each of five steps was 4.0, 5.5, 5.8, 6.3, 6.8 GB with oneDNN's default and 4.0, 5.3, 5.5,
     5.7, 5.7 GB with 128; with 16 the whole run's trainer ended at 4.5-4.7 GB against 4.8-5.0
     with 128, at the same tokens/s (the kernels it drops are rebuilt, which costs less than the
-    noise of a step's time here). oneDNN reads the setting when it builds its first kernel, so this acts in a process
-    that has not run one yet: the runtime's workers, a fresh script."""
+    noise of a step's time here). oneDNN reads the setting when it builds its first kernel, so
+    this acts in a process that has not run one yet: the runtime's workers, a fresh script."""
     if capacity is None or device_type != "cpu" or ONEDNN_CACHE_ENV in os.environ:
         return False
     os.environ[ONEDNN_CACHE_ENV] = str(capacity)
