@@ -208,3 +208,19 @@ def test_the_trainer_hands_its_kept_heap_back_once_its_last_step_is_done(tmp_pat
     steps, trims = tl.intervals(("trainer/step",), "trainer"), tl.intervals(("host/release_memory",), "trainer")
     assert len(steps) == 2 and len(trims) == 1, (steps, trims)
     assert trims[0, 0] >= steps[:, 1].max()
+
+
+def test_an_engine_out_of_work_hands_back_what_decoding_freed(tmp_path):
+    """An engine that runs out of work (here: waiting on the trainer, ``max_staleness = 0``) hands
+    its heap's free pages back then, rather than hold them until the next weight load; once per
+    spell of decoding, not on every idle pass of its loop."""
+    from tokenflow.report import load_run
+
+    cfg = small_config("--run.steps", "3", "--run.checkpoint_every", "0", "--metrics.trace", "true",
+                       "--rollout.max_staleness", "0")
+    assert train(cfg, tmp_path / "run")["steps"] == 3
+    tl = load_run(tmp_path / "run").timeline
+    idle = tl.intervals(("host/release_memory_idle",), "engine")
+    loads = tl.intervals(("sync/apply",), "engine")
+    # synchronous: the engine runs out of work before each of the 3 loads and after the last
+    assert len(loads) >= 2 and len(loads) <= len(idle) <= 2 * (len(loads) + 2), (len(idle), len(loads))
