@@ -56,8 +56,7 @@ class Backend(Protocol):
         """Engines whose command queue a killed trainer left locked."""
 
     def lend_trainer_threads(self) -> None:
-        """The trainer is idle for the rest of the run: its CPU threads go to the engines, and
-        (one machine) it hands back the free heap it kept for the next step."""
+        """The trainer is idle for the rest of the run: its CPU threads go to the engines."""
 
     def shutdown(self) -> None:
         """Stop every worker and release what the backend holds."""

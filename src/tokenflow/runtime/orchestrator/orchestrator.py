@@ -331,6 +331,9 @@ class Orchestrator:
             # The trainer is idle from here: it writes the final checkpoint while the engines load
             # the last weights and the held-out evaluation runs. A smoke run may skip it
             # (run.final_checkpoint = false: a resume starts from the last periodic one).
+            # First it hands back the heap it kept for a next step (trainer.keep_host_memory), so
+            # neither the checkpoint's serialisation nor the evaluation comes on top of it.
+            self.backend.trainer.send(M.ReleaseHostMemory())
             if cfg.run.final_checkpoint:
                 self.checkpoints.begin()
             self.wait_for(lambda: min(s.engine_versions.values()) >= s.step, "the final weights")

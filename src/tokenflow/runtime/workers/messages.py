@@ -183,9 +183,10 @@ class EngineReplaced:
 
 @dataclass(frozen=True)
 class ReleaseHostMemory:
-    """The trainer is idle for the rest of the run (the last step is done): hand the heap's free
+    """The last step is done (sent before the final checkpoint's ``Save``): hand the heap's free
     pages back. A CPU trainer keeps them between steps for speed (``trainer.keep_host_memory``),
-    which is 2 GB or more of a laptop run's memory while the final evaluation runs."""
+    2 GB or more of a laptop run's memory, which the final checkpoint's serialisation and the
+    final evaluation would otherwise come on top of."""
 
 
 @dataclass(frozen=True)

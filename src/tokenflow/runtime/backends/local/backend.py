@@ -14,7 +14,7 @@ from tokenflow.runtime.backends import trainer_start
 from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.backends.local import start as worker_start
 from tokenflow.runtime.workers.engine_worker import run_engine_worker
-from tokenflow.runtime.workers.messages import ReleaseHostMemory, SetThreads, Shutdown
+from tokenflow.runtime.workers.messages import SetThreads, Shutdown
 from tokenflow.runtime.workers.trainer_worker import run_trainer_worker
 from tokenflow.runtime.workers.memory_watch import OomCounters
 from tokenflow.runtime.workers.os_environ import environment as worker_environment
@@ -146,12 +146,9 @@ class LocalBackend(Backend):
 
     def lend_trainer_threads(self) -> None:
         """After the last step: the engines take the trainer's CPU threads for the final
-        evaluation (one machine; see :func:`_threads_after_training`), and the trainer hands back
-        the free heap it kept for the next step, so the evaluation's memory does not come on
-        top of a training step's (the laptop example's peak was its final evaluation)."""
+        evaluation (one machine; see :func:`_threads_after_training`)."""
         if self._lent_threads is not None:
             self.broadcast(SetThreads(self._lent_threads))
-        self.trainer.send(ReleaseHostMemory())
 
     def check(self) -> None:
         for w in [*self.engines, *self.trainer_ranks]:
