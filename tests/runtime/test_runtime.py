@@ -208,8 +208,8 @@ def test_the_trainer_hands_its_kept_heap_back_once_its_last_step_is_done(tmp_pat
     steps, trims = tl.intervals(("trainer/step",), "trainer"), tl.intervals(("host/release_memory",), "trainer")
     saves = tl.intervals(("trainer/save",), "trainer")
     assert len(steps) == 2 and len(trims) == 1 and len(saves) == 1, (steps, trims, saves)
-    # after the last step, and before the final checkpoint, whose serialisation would otherwise
-    # come on top of the kept heap
+    # after the last step, and before the final checkpoint, whose write then starts from a
+    # trimmed heap
     assert steps[:, 1].max() <= trims[0, 0] and trims[0, 1] <= saves[0, 0]
 
 

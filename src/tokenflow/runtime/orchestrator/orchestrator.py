@@ -332,7 +332,7 @@ class Orchestrator:
             # the last weights and the held-out evaluation runs. A smoke run may skip it
             # (run.final_checkpoint = false: a resume starts from the last periodic one).
             # First it hands back the heap it kept for a next step (trainer.keep_host_memory), so
-            # neither the checkpoint's serialisation nor the evaluation comes on top of it.
+            # the checkpoint's write and the evaluation start from a trimmed heap.
             self.backend.trainer.send(M.ReleaseHostMemory())
             if cfg.run.final_checkpoint:
                 self.checkpoints.begin()

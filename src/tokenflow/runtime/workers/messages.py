@@ -185,8 +185,8 @@ class EngineReplaced:
 class ReleaseHostMemory:
     """The last step is done (sent before the final checkpoint's ``Save``): hand the heap's free
     pages back. A CPU trainer keeps them between steps for speed (``trainer.keep_host_memory``),
-    2 GB or more of a laptop run's memory, which the final checkpoint's serialisation and the
-    final evaluation would otherwise come on top of."""
+    2 GB or more of a laptop run's memory, which the final checkpoint's write and the final
+    evaluation would otherwise come on top of."""
 
 
 @dataclass(frozen=True)
