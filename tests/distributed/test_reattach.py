@@ -23,16 +23,21 @@ def _load(recv, msg) -> dict[str, torch.Tensor]:
     return got
 
 
+def _died_after_loading_version_1(sender, notices: list, *unloaded: int) -> None:
+    """An engine that loaded version 1, then died with ``unloaded`` versions written after it."""
+    first = make_receiver(sender.spec)
+    sender.send(_weights(1).items(), 1, notify=notices.append)
+    _load(first, notices[-1])
+    for v in unloaded:
+        sender.send(_weights(v).items(), v, notify=notices.append)
+    first.close()
+
+
 def test_a_reattached_receiver_loads_the_newest_slot_and_releases_the_old_ones():
     sender = make_sender("shared_memory", _weights(0).items(), num_receivers=1, timeout_s=1.0)
     notices = []
     try:
-        first = make_receiver(sender.spec)
-        sender.send(_weights(1).items(), 1, notify=notices.append)
-        _load(first, notices[-1])
-        sender.send(_weights(2).items(), 2, notify=notices.append)  # the engine dies before loading it
-        sender.send(_weights(3).items(), 3, notify=notices.append)
-        first.close()
+        _died_after_loading_version_1(sender, notices, 2, 3)  # it never loads versions 2 and 3
 
         again = make_receiver(sender.spec)  # the replacement, same receiver index
         newest = again.latest(version=0)
@@ -56,11 +61,7 @@ def test_with_one_slot_a_replacement_already_holding_the_newest_version_releases
     sender = make_sender("shared_memory", _weights(0).items(), num_receivers=1, timeout_s=1.0, slots=1)
     notices = []
     try:
-        first = make_receiver(sender.spec)
-        sender.send(_weights(1).items(), 1, notify=notices.append)
-        _load(first, notices[-1])
-        sender.send(_weights(2).items(), 2, notify=notices.append)  # the engine dies before acknowledging it
-        first.close()
+        _died_after_loading_version_1(sender, notices, 2)  # it dies before acknowledging version 2
 
         again = make_receiver(sender.spec)
         assert again.latest(version=2) is None  # it holds version 2: nothing to load
