@@ -159,3 +159,24 @@ def test_a_slot_is_rewritten_only_after_every_engine_loaded_what_it_held(slots):
     finally:
         recv.close()
         sender.close()
+
+
+def test_a_sender_whose_run_is_gone_stops_waiting_for_a_slot():
+    """A trainer whose orchestrator was killed must not wait ``timeout_s`` for engines that
+    exited with it: once ``abandon()`` says so, the wait for a slot ends within about a second."""
+    import time
+
+    from tokenflow.sync.shared_memory import SlotAbandoned
+
+    gone_at = time.monotonic() + 0.5
+    sender = make_sender("shared_memory", _weights(0).items(), timeout_s=60, slots=1,
+                         abandon=lambda: time.monotonic() > gone_at)
+    try:
+        sender.send(_weights(1).items(), 1, notify=lambda notice: None)  # nobody loads it
+        t0 = time.monotonic()
+        with pytest.raises(SlotAbandoned, match="weight slot 0 .version 1.: the run is gone"):
+            sender.send(_weights(2).items(), 2, notify=lambda notice: None)
+        # asked once a second: gone 0.5 s in, noticed at the first question after it (1 s)
+        assert time.monotonic() - t0 < 5
+    finally:
+        sender.close()

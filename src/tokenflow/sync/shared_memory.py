@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -47,9 +48,13 @@ def _bytes_view(shm: shared_memory.SharedMemory, size: int) -> torch.Tensor:
     return torch.frombuffer(shm.buf, dtype=torch.uint8, count=size) if size else torch.empty(0, dtype=torch.uint8)
 
 
+class SlotAbandoned(RuntimeError):
+    """The sender gave up waiting for a slot because ``abandon()`` said the run is gone."""
+
+
 class SharedMemorySender:
     def __init__(self, named_tensors: NamedTensors, num_receivers: int = 1, timeout_s: float = 120.0,
-                 slots: int = SLOTS) -> None:
+                 slots: int = SLOTS, abandon: Callable[[], bool] | None = None) -> None:
         if slots not in (1, 2):
             raise ValueError(f"shared-memory weight sync takes 1 or 2 slots, not {slots}")
         layout = plan_layout(named_tensors)
@@ -65,6 +70,9 @@ class SharedMemorySender:
         self._ctl[:] = -1
         self._buckets = [[_bytes_view(s, layout.total_bytes)] for s in self._slots]
         self.timeout_s = timeout_s
+        # Asked about once a second while waiting for a slot: a trainer whose orchestrator was
+        # killed must not wait out ``timeout_s`` for engines that exited with it.
+        self.abandon = abandon
         self.spec = SyncSpec("shared_memory", layout, {
             "slots": [s.name for s in self._slots], "control": self._ctl_shm.name,
             "num_receivers": num_receivers,
@@ -77,9 +85,16 @@ class SharedMemorySender:
         slot = version % len(self._slots)
         t0 = time.perf_counter()
         with trace.span("sync/wait_slot", version=version):
-            deadline = time.monotonic() + self.timeout_s
+            now = time.monotonic()
+            deadline, ask_at = now + self.timeout_s, now + 1.0
             while (self._ctl[slot, 1:] < self._ctl[slot, 0]).any():
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if self.abandon is not None and now > ask_at:
+                    ask_at = now + 1.0
+                    if self.abandon():
+                        raise SlotAbandoned(f"stopped waiting for weight slot {slot} (version "
+                                            f"{int(self._ctl[slot, 0])}): the run is gone")
+                if now > deadline:
                     late = [i for i, a in enumerate(self._ctl[slot, 1:]) if a < self._ctl[slot, 0]]
                     raise TimeoutError(
                         f"engine(s) {late} did not release weight slot {slot} (version "

@@ -70,6 +70,7 @@ class TrainerWorker:
         trace.configure(trace_dir, name)
         self.name, self.out_q, self.cmd_q, self.engine_qs, self.cfg = name, out_q, cmd_q, engine_qs, cfg
         self.rank, self.group, self.sender = rank, None, None
+        self.parent = ParentWatch()
         self.sync_error: str | None = None  # a failed push, reported after the step
         self._retired: list = []  # senders of broadcast groups replaced by reform_sync
         self.last_notice = None  # the last weight notice sent, for an engine replaced after it
@@ -106,7 +107,7 @@ class TrainerWorker:
         sync = self.cfg.sync
         opts = {"num_receivers": len(self.engine_qs), "timeout_s": sync.timeout_s}
         if sync.transport == "shared_memory":
-            opts["slots"] = sync.slots
+            opts.update(slots=sync.slots, abandon=self.parent.orphaned)
         if sync.transport == "broadcast":
             opts.update(bucket_mb=sync.bucket_mb, streams=sync.streams, device=str(self.trainer.device),
                         host=self._sync_host())
@@ -306,9 +307,8 @@ class TrainerWorker:
         return msg
 
     def loop(self) -> None:
-        parent = ParentWatch()
         while True:
-            msg = self.next_command(parent)
+            msg = self.next_command(self.parent)
             if msg is None or not self.execute(msg):
                 break
         self.writer.wait()  # a checkpoint still being written is finished, not torn
