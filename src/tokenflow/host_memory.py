@@ -1,7 +1,8 @@
 """Host memory a process holds but does not use: glibc's free heap pages, handed back.
 
 Standard library only (ctypes), so any worker can call it: a CPU trainer after each step
-(``trainer.keep_host_memory = false``) and after its last one, an engine after each weight
+(``trainer.keep_host_memory = false``), after a step that leaves it above
+``trainer.keep_host_memory_gb`` (:func:`resident_bytes`) and after its last one, an engine after each weight
 update. ``libc_function`` is also how ``trainer.model.memory`` reaches ``mallopt``. And the
 memory oneDNN's kernel cache holds, bounded in a CPU trainer or engine (:func:`limit_onednn_cache`).
 """
@@ -38,6 +39,15 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory in bytes (``/proc/self/statm``), or None off Linux."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @functools.cache

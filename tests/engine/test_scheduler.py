@@ -143,3 +143,34 @@ def test_kv_cache_grows_in_place_and_stops_at_what_sequences_can_reach():
     cache.k[0][2, 0, 7] = 4.0
     cache.move(2, 0, 8)
     assert cache.k[0][0, 0, 7].tolist() == [4.0, 4.0]
+
+
+def test_kv_cache_grows_one_layer_at_a_time(monkeypatch):
+    """While the cache grows, each old key or value tensor is dropped once copied, so the
+    memory it takes is one cache and one tensor, not two whole caches."""
+    import weakref
+
+    import torch
+
+    from tokenflow.engine.builtin.cache.kv_cache import KVCache
+
+    cache = KVCache(num_layers=4, num_kv_heads=1, head_dim=2, max_slots=16, max_len=300,
+                    dtype=torch.float32, device=torch.device("cpu"), growth=64)
+    cache.k[3][1, 0, 9] = torch.tensor([5.0, 6.0])
+    old = [weakref.ref(t) for t in cache.k + cache.v]
+    alive_at_each_allocation = []
+    empty = torch.empty
+
+    def counting_empty(*args, **kwargs):
+        alive_at_each_allocation.append(sum(r() is not None for r in old))
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", counting_empty)
+    cache.ensure(9, 100)
+    monkeypatch.setattr(torch, "empty", empty)
+    assert len(alive_at_each_allocation) == 8  # a key and a value tensor per layer
+    # the j-th new tensor is made once j old ones are gone: one cache and one tensor at most,
+    # where growing them all first would hold both caches whole ([8, 8, ..., 8])
+    assert alive_at_each_allocation == [8 - j for j in range(8)], alive_at_each_allocation
+    assert all(r() is None for r in old)
+    assert (cache.slots, cache.capacity) == (16, 128) and cache.k[3][1, 0, 9].tolist() == [5.0, 6.0]

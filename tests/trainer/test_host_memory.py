@@ -67,18 +67,19 @@ _HOLES = textwrap.dedent("""
     from tokenflow.trainer import Trainer, TrainerConfig
     def rss():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
-    trainer = Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=sys.argv[1] == "on"),
-                      AlgorithmConfig())
+    bound = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    trainer = Trainer(tiny_model(seed=0), TrainerConfig(device="cpu", keep_host_memory=sys.argv[1] == "on",
+                                                        keep_host_memory_gb=bound), AlgorithmConfig())
     blocks = [bytearray(64 << 10) for _ in range(16384)]  # 1 GB in 64 KB blocks, touched
     del blocks[::2]  # 512 MB of holes
     before = rss()
-    trainer.train_step(make_rollouts())
-    print(json.dumps({"before": before, "after": rss()}))
+    metrics = trainer.train_step(make_rollouts())
+    print(json.dumps({"before": before, "after": rss(), "released": metrics.get("perf/host_memory_released")}))
 """)
 
 
-def _step_rss(keep: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _HOLES, keep], capture_output=True, text=True,
+def _step_rss(keep: str, *bound: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _HOLES, keep, *bound], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,6 +95,17 @@ def test_without_keep_host_memory_a_step_hands_the_heaps_holes_back():
     # back. Holes four times that step's size keep it a small part. On: they stay.
     assert off["after"] < off["before"] - 400e6, off
     assert on["after"] > on["before"] - 20e6, on
+
+
+@pytest.mark.slow  # two fresh processes that import torch
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_a_kept_heap_goes_back_once_it_holds_more_than_its_bound():
+    """trainer.keep_host_memory_gb: the same 512 MB of holes go back after a step that ends above
+    the bound (the process holds over 1 GB; the bound is 0.1 GB), and stay under a bound the
+    process is far below."""
+    over, under = _step_rss("on", "0.1"), _step_rss("on", "100")
+    assert over["released"] == 1.0 and over["after"] < over["before"] - 400e6, over
+    assert under["released"] == 0.0 and under["after"] > under["before"] - 20e6, under
 
 
 # A CPU trainer (trainer.onednn_cache_capacity) and a CPU engine (engine.onednn_cache_capacity)

@@ -144,6 +144,15 @@ class TrainerConfig(ConfigModel):
     add up to; steps then pay page faults for fresh memory (SmolLM2-135M on examples/laptop_math's
     batches, one thread: 178-187 tokens/s against 198-213 with it on, which that example keeps)."""
 
+    keep_host_memory_gb: float | None = Field(default=None, gt=0)
+    """With ``keep_host_memory``, the most a CPU trainer process keeps resident between steps, in
+    GB (1e9 bytes): after a step that leaves it holding more, the heap's free pages go back
+    (`tokenflow.host_memory.release_freed_memory`; ``perf/host_memory_released`` is 1 for that
+    step). A kept heap grows as micro-batches of varied sizes leave holes the next ones do not
+    fit: SmolLM2-135M on examples/laptop_math went from 4.2 GB resident after its second step
+    to 5.5 GB by its eighteenth. The step after a release pays page faults for its fresh memory
+    again, so set this above what one step needs. None: no bound."""
+
     onednn_cache_capacity: int | None = Field(default=16, ge=0)
     """A CPU trainer: the most compiled oneDNN kernels its process keeps (oneDNN's
     ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1,024 by its own default; set in the environment, that
