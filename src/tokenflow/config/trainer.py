@@ -149,9 +149,11 @@ class TrainerConfig(ConfigModel):
     GB (1e9 bytes): after a step that leaves it holding more, the heap's free pages go back
     (`tokenflow.host_memory.release_freed_memory`; ``perf/host_memory_released`` is 1 for that
     step). A kept heap grows as micro-batches of varied sizes leave holes the next ones do not
-    fit: SmolLM2-135M on examples/laptop_math went from 4.2 GB resident after its second step
-    to 5.5 GB by its eighteenth. The step after a release pays page faults for its fresh memory
-    again, so set this above what one step needs. None: no bound."""
+    fit: SmolLM2-135M on examples/laptop_math with 2,048-token micro-batches went from 4.2 GB
+    resident after its second step to 5.5 GB by its eighteenth, and a bound of 4.5 took the
+    whole run's peak from 6.29 to 5.86 GB for 9% of the trainer's speed (docs/howto/laptop.md).
+    The step after a release pays page faults for its fresh memory again, so set this above
+    what one step needs. None: no bound."""
 
     onednn_cache_capacity: int | None = Field(default=16, ge=0)
     """A CPU trainer: the most compiled oneDNN kernels its process keeps (oneDNN's
