@@ -2,8 +2,8 @@
 
 Standard library only (ctypes), so any worker can call it: a CPU trainer after each step
 (``trainer.keep_host_memory = false``), after a step that leaves it above
-``trainer.keep_host_memory_gb`` (:func:`resident_bytes`) and after its last one, an engine after each weight
-update. ``libc_function`` is also how ``trainer.model.memory`` reaches ``mallopt``. And the
+``trainer.keep_host_memory_gb`` (:func:`read_status_kb`) and after its last one, an engine
+after each weight update. ``libc_function`` is also how ``trainer.model.memory`` reaches ``mallopt``. And the
 memory oneDNN's kernel cache holds, bounded in a CPU trainer or engine (:func:`limit_onednn_cache`).
 """
 
@@ -41,13 +41,19 @@ def release_freed_memory() -> bool:
     return True
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory in bytes (``/proc/self/statm``), or None off Linux."""
+def read_status_kb(pid: int, key: str = "VmHWM", proc: str = "/proc") -> int | None:
+    """A ``/proc/<pid>/status`` figure in kB (``VmHWM``: peak resident set; ``VmRSS``: resident now),
+    or None if unreadable (off Linux). The orchestrator watches its workers' peaks with it
+    (``runtime.workers.memory_watch``); a CPU trainer checks its own bound
+    (``trainer.keep_host_memory_gb``)."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 @functools.cache

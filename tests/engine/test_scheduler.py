@@ -145,7 +145,7 @@ def test_kv_cache_grows_in_place_and_stops_at_what_sequences_can_reach():
     assert cache.k[0][0, 0, 7].tolist() == [4.0, 4.0]
 
 
-def test_kv_cache_grows_one_layer_at_a_time(monkeypatch):
+def test_kv_cache_grows_one_tensor_at_a_time(monkeypatch):
     """While the cache grows, each old key or value tensor is dropped once copied, so the
     memory it takes is one cache and one tensor, not two whole caches."""
     import weakref

@@ -19,6 +19,7 @@ micro-batch's forward/backward and the optimizer step: :mod:`tokenflow.trainer.s
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model.loading import load_policy
-from tokenflow.host_memory import limit_onednn_cache, release_freed_memory, resident_bytes
+from tokenflow.host_memory import limit_onednn_cache, read_status_kb, release_freed_memory
 from tokenflow.trainer.model.memory import keep_host_memory
 from tokenflow.trainer.model.runner import CausalLMRunner
 from tokenflow.trainer.model.value_head import ValueHead
@@ -228,8 +229,8 @@ class Trainer:
             release_freed_memory()
         elif self.device.type == "cpu" and self.config.keep_host_memory_gb is not None:
             # the kept heap's bound: its holes go back once fragmentation takes it past it
-            resident = resident_bytes()
-            over = resident is not None and resident > self.config.keep_host_memory_gb * 1e9
+            resident_kb = read_status_kb(os.getpid(), "VmRSS")
+            over = resident_kb is not None and resident_kb * 1024 > self.config.keep_host_memory_gb * 1e9
             metrics["perf/host_memory_released"] = float(over and release_freed_memory())
         return metrics
 

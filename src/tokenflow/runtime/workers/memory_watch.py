@@ -18,20 +18,10 @@ import signal
 import time
 from pathlib import Path
 
+from tokenflow.host_memory import read_status_kb
+
 GB = 1e9
 SAMPLE_EVERY_S = 1.0
-
-
-def read_status_kb(pid: int, key: str = "VmHWM", proc: str = "/proc") -> int | None:
-    """A ``/proc/<pid>/status`` figure in kB (``VmHWM``: peak resident set), or None if unreadable."""
-    try:
-        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 class RssPeak:
