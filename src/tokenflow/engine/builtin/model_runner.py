@@ -165,12 +165,10 @@ class ModelRunner:
         else:
             self.cache.ensure(batch, length)
         past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
-        key_bias = torch.zeros(batch, 1, length, dtype=self.dtype, device=self.device)
-        key_bias.masked_fill_(past_end[:, None, :], float("-inf"))
-        kv_heads = self.cache.shape_tail[0]
-        ctx = AttentionContext("decode", cache=self.cache, rows=torch.arange(batch, device=self.device),
-                               positions=positions, length=length,
-                               key_bias=key_bias.expand(batch, kv_heads, length).reshape(-1, 1, length))
+        key_bias = torch.zeros(batch, 1, 1, length, dtype=self.dtype, device=self.device)
+        key_bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
+        ctx = AttentionContext("decode", cache=self.cache, write_index=self.cache.decode_index(positions),
+                               length=length, key_bias=key_bias)
         split = decode_split([s.num_tokens for s in seqs])
         if split is not None:
             ctx.short_length, long_rows = split
@@ -178,8 +176,7 @@ class ModelRunner:
         window = self.model.window
         if window is not None and length > window:
             behind = torch.arange(length, device=self.device)[None, :] <= positions[:, None] - window
-            window_bias = key_bias.masked_fill(behind[:, None, :], float("-inf"))
-            ctx.window_bias = window_bias.expand(batch, kv_heads, length).reshape(-1, 1, length)
+            ctx.window_bias = key_bias.masked_fill(behind[:, None, None, :], float("-inf"))
             ctx.windowed = self.model.windowed_layers
         hidden = self._forward_recorded(ids, positions[:, None], ctx)
         return self.model.compute_logits(hidden[:, 0])

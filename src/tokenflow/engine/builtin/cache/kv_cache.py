@@ -112,5 +112,13 @@ class KVCache:
             k[dst, :, :length].copy_(k[src, :, :length])
             v[dst, :, :length].copy_(v[src, :, :length])
 
+    def decode_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """Where slot b's new token goes for each kv head, as rows of a layer's tensor seen as
+        ``[slots * kv_heads * capacity, head_dim]``: ``(b * kv_heads + h) * capacity + positions[b]``,
+        [B * kv_heads] (slot b is decode row b)."""
+        kvh = self.shape_tail[0]
+        rows = torch.arange(positions.shape[0] * kvh, device=positions.device)
+        return rows * self.capacity + positions.repeat_interleave(kvh)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
