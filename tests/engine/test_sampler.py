@@ -37,6 +37,25 @@ def expected_support(logits_row: torch.Tensor, temp: float, top_k: int, top_p: f
     return set(kept[before < top_p].tolist())
 
 
+def test_bfloat16_logits_at_unit_temperature_sample_exactly_as_their_float32_copy_divided():
+    # A decode step hands its logits over in bfloat16 and rows at T = 1 (or greedy) skip the
+    # division: tokens, log-probs, kept mass and supports must be bitwise those of the float32
+    # logits divided by their temperatures (the path every other batch takes).
+    logits = (torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16)
+    params = [SamplingParams(temperature=t, top_p=p, logprobs=3) for t, p in
+              [(1.0, 1.0), (0.0, 1.0), (1.0, 0.7), (1.0, 1.0), (0.0, 1.0), (1.0, 0.9)]]
+    seqs = seqs_for(params, seeds=list(range(6)))
+    batch = SamplingBatch.from_seqs(seqs, torch.device("cpu"))
+    assert batch.unit_temperature
+    fast = Sampler()(logits, batch)
+    batch.unit_temperature = False
+    slow = Sampler()(logits.float(), batch)
+    assert fast.tokens == slow.tokens and fast.logprobs == slow.logprobs and fast.logmass == slow.logmass
+    assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(fast.support, slow.support))
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(fast.top, slow.top))
+    assert not SamplingBatch.from_seqs(seqs_for([SamplingParams(temperature=0.7)]), torch.device("cpu")).unit_temperature
+
+
 def test_counter_uniform_is_a_pure_function_and_uniform():
     n = 20000
     seed = torch.full((n,), 7, dtype=torch.int64)

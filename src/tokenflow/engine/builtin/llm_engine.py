@@ -73,7 +73,8 @@ class Engine:
     capabilities = BUILTIN
 
     logits_hook: Callable[[str, list[Sequence], torch.Tensor], None] | None = None
-    """Debug/test hook called with (step kind, row sequences, float32 logits) before sampling."""
+    """Debug/test hook called with (step kind, row sequences, logits) before sampling: float32
+    after a prefill, the model's dtype after a decode step."""
 
     def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
         folder = read_model_folder(model, tokenizer)

@@ -153,7 +153,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One decode step: row i is the sequence in slot i; returns the next-token logits [B, V]."""
+        """One decode step: row i is the sequence in slot i; returns the next-token logits [B, V]
+        in the model's dtype."""
         batch = len(seqs)
         ids = self._long([[s.token_ids[-1]] for s in seqs])
         positions = self._long([s.num_tokens - 1 for s in seqs])
@@ -179,7 +180,7 @@ class ModelRunner:
             ctx.window_bias = key_bias.masked_fill(behind[:, None, None, :], float("-inf"))
             ctx.windowed = self.model.windowed_layers
         hidden = self._forward_recorded(ids, positions[:, None], ctx)
-        return self.model.compute_logits(hidden[:, 0])
+        return self.model.compute_logits(hidden[:, 0], float32=False)
 
     def _forward_recorded(self, ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """The forward pass; with routing recorded into `last_routing` (one host copy per step)."""

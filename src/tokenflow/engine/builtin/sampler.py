@@ -67,6 +67,8 @@ class SamplingBatch:
     step: torch.Tensor
     any_greedy: bool
     all_greedy: bool
+    unit_temperature: bool
+    """Every row samples at temperature 1 or is greedy: ``z`` is the logits themselves."""
     truncated_rows: list[int]
     top_n: list[int]
     """Per row, how many most likely tokens to return (``SamplingParams.logprobs``; 0 = none)."""
@@ -90,6 +92,7 @@ class SamplingBatch:
             step=t([s.num_completion_tokens for s in seqs], torch.int64),
             any_greedy=any(greedy),
             all_greedy=all(greedy),
+            unit_temperature=all(t in (0, 1) for t in temps),
             truncated_rows=[i for i, p in enumerate(params) if p.truncates],
             top_n=[p.logprobs for p in params],
         )
@@ -123,12 +126,17 @@ class Sampler:
     """Turns a step's logits into tokens, behaviour log-probs, kept-mass and supports."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        logits = logits.float()
         rows, vocab = logits.shape
-        temp = batch.temperature
-        if batch.any_greedy:
-            temp = torch.where(temp == 0, torch.ones_like(temp), temp)
-        z = logits / temp[:, None]
+        # Logits may come in the model's dtype (a decode step's do): one pass makes z in float32
+        # either way. Dividing by 1 is exact, so rows at T = 1 (or greedy) skip it: z is then
+        # bitwise what the division would give, without a pass over [rows, vocab].
+        if batch.unit_temperature:
+            z = logits.float()
+        else:
+            temp = batch.temperature
+            if batch.any_greedy:
+                temp = torch.where(temp == 0, torch.ones_like(temp), temp)
+            z = logits / temp[:, None]  # promotes to float32 (exactly) before dividing
         zmax = z.amax(dim=1, keepdim=True)
         e = torch.exp(z - zmax)  # unnormalised softmax(z)
         total = e.sum(dim=1)

@@ -187,8 +187,11 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, cos, sin, ctx, i)
         return self.model.norm(h)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """The head's logits, cast to float32 unless ``float32`` is False (a decode step hands
+        them to the sampler in the model's dtype; it makes its float32 copy in its first pass)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits
 
     def hf_views(self) -> dict[str, torch.Tensor]:
         """Every parameter under its Hugging Face name, as a view into this model's tensors."""
