@@ -107,3 +107,16 @@ def test_the_weight_sync_slots_and_a_background_checkpoints_copy_are_counted(def
     assert trainer("--run.checkpoint_every", "5")["checkpoint_copy"] == 4 * params + 8 * params
     assert "checkpoint_copy" not in trainer("--run.checkpoint_every", "5", "--run.checkpoint_background", "false")
     assert "checkpoint_copy" not in trainer("--run.checkpoint_every", "0")
+
+
+def test_a_bfloat16_engines_packed_weights_are_counted(default_model):
+    """engine.pack_weights keeps a second, packed copy of the linear weights in bfloat16 on the
+    CPU (tests/engine/test_packed_weights.py); float32 engines and `pack_weights = false` do not."""
+    params = ModelShape.read(default_model).params
+
+    def engine(*overrides: str) -> dict:
+        return estimate(small_config("--engine.device", "cpu", *overrides), default_model).parts["engine"]
+
+    assert engine("--engine.dtype", "bfloat16")["packed_weights"] == 2 * params
+    assert "packed_weights" not in engine("--engine.dtype", "bfloat16", "--engine.pack_weights", "false")
+    assert "packed_weights" not in engine("--engine.dtype", "float32")

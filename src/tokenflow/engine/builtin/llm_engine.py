@@ -41,6 +41,7 @@ from tokenflow.engine.loading.loader import (
 from tokenflow.engine.builtin.model_runner import ModelRunner
 from tokenflow.engine.builtin.models import model_class
 from tokenflow.engine.request import RequestLimits
+from tokenflow.engine.builtin.models.packed import can_pack
 from tokenflow.engine.builtin.sampler import Sampler, SamplingBatch
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.builtin.scheduler import Scheduler
@@ -104,6 +105,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.vocab_size = hf_config.vocab_size
         self.model = cls(hf_config, self.max_model_len, self.dtype).to(self.device)
+        self.model.packs_weights = config.pack_weights and can_pack(self.device, self.dtype)
         views = self.model.hf_views()
         self.expected_weights = {name: view.shape for name, view in views.items()}
         self.optional_weights = {"lm_head.weight": views["model.embed_tokens.weight"].shape} if self.model.tied else {}

@@ -202,6 +202,10 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
         width = 2 if e.dtype == "bfloat16" else 4
         kv = 2 * m.layers * m.kv_dim * width * e.max_num_seqs * seq
         engine |= {"weights": width * m.params, "kv_cache": 1.5 * kv}  # growing copies the old cache
+        if e.pack_weights and e.dtype == "bfloat16":
+            # oneDNN's packed copies of the linear weights: every weight but an untied embedding
+            # (counted whole: a little high for untied models)
+            engine["packed_weights"] = width * m.params
     for i in range(cfg.runtime.num_engines):
         est.parts["engine" if cfg.runtime.num_engines == 1 else f"engine{i}"] = dict(engine)
     return est

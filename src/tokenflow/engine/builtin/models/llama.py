@@ -22,6 +22,7 @@ from tokenflow.engine.builtin.models.attention import (
     extend_attention,
     prefill_attention,
 )
+from tokenflow.engine.builtin.models.packed import Linear, pack_linears
 from tokenflow.engine.builtin.models.rope import apply_rope, rope_tables
 
 
@@ -34,7 +35,7 @@ class ArchFlags:
     mlp_bias: bool = False
 
 
-class MergedLinear(nn.Linear):
+class MergedLinear(Linear):
     """One linear layer standing for several Hugging Face ones stacked along the output dim."""
 
     def __init__(self, in_features: int, shards: list[tuple[str, int]], bias: bool) -> None:
@@ -65,7 +66,7 @@ class LlamaMLP(nn.Module):
             raise UnsupportedModel(f"hidden_act {config.hidden_act!r}: only SwiGLU (silu) is supported")
         self.gate_up_proj = MergedLinear(config.hidden_size, [("gate_proj", size), ("up_proj", size)],
                                          bias=flags.mlp_bias)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=flags.mlp_bias)
+        self.down_proj = Linear(size, config.hidden_size, bias=flags.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -84,7 +85,7 @@ class LlamaAttention(nn.Module):
             config.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
             bias=flags.qkv_bias,
         )
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=flags.o_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=flags.o_bias)
 
     def rotate_qk(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE on the query and key heads (adjacent in the fused projection: one pass)."""
@@ -141,6 +142,11 @@ class LlamaForCausalLM(nn.Module):
     model_cls = LlamaModel
     routing = None
     """A mixture-of-experts model's `RoutingRecorder` (None for dense models)."""
+    packs_weights = False
+    """Keep the linear layers' weights packed for oneDNN too (``engine.pack_weights``; set by the
+    engine where `packed.can_pack`): packed again after every load."""
+    packed_bytes = 0
+    """What the packed copies take."""
     moe_layers: list[int] = []
     """Indices of the layers with a sparse (mixture-of-experts) feed-forward block."""
 
@@ -149,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.model = self.model_cls(config, self.arch_flags(config))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.window = self.sliding_window(config)
@@ -222,6 +228,12 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in named_tensors:
             if name in views:
                 views[name].copy_(tensor)
+        self.repack()
+
+    def repack(self) -> None:
+        """Pack the linear layers' weights again (after any write to them), if this model packs."""
+        if self.packs_weights:
+            self.packed_bytes = pack_linears(self)
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
@@ -235,6 +247,7 @@ class LlamaForCausalLM(nn.Module):
                 view.zero_()
             else:
                 view.copy_(torch.randn(view.shape, generator=gen) * std)
+        self.repack()
 
 
 def layer_types_window(config) -> int | None:

@@ -1,0 +1,52 @@
+"""Linear layers that may also hold their weight in oneDNN's pre-packed layout (CPU, bfloat16).
+
+A bfloat16 matrix product on the CPU goes through oneDNN, which wants the weight in a blocked
+layout of its own (AMX tiles where the CPU has them). Given PyTorch's ``[out, in]`` weight it
+reorders it into that layout on every call: at a decode step's few rows that reorder costs as
+much as the product. ``engine.pack_weights`` reorders each weight once, after every weight
+load, and runs the product on the packed copy. The products are oneDNN's either way, and
+bitwise equal (tests/engine/test_packed_weights.py); the price is a second copy of the linear
+weights (the originals stay: weight updates, checksums and the tinker sampler read them by
+their Hugging Face names).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BATCH_HINT = 64
+"""The rows oneDNN picks the packed layout for (a decode batch); any number of rows runs."""
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch can pack weights for ``device``/``dtype`` (CPU bfloat16 with oneDNN)."""
+    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` that runs on its packed weight once `pack` has made one."""
+
+    packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), BATCH_HINT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Pack every `Linear` of ``model`` from its current weight; returns the bytes the packed
+    copies take."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.pack()
+            total += module.weight.numel() * module.weight.element_size()
+    return total
