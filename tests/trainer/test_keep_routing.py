@@ -47,7 +47,7 @@ def engine_rollouts(hf, dtype: str, n_prompts: int = 4, n: int = 4, max_tokens: 
 def test_replay_makes_trainer_experts_the_engines_and_shrinks_the_mismatch():
     hf = wide_router_model()
     rollouts = engine_rollouts(hf, "bfloat16")  # engine bfloat16, trainer float32: ties break apart
-    metrics = {}
+    metrics, first_own = {}, {}
     for keep in (False, True):
         trainer = Trainer(copy.deepcopy(hf), TrainerConfig(device="cpu", lr=0.0, keep_routing=keep, routing_probe=True),
                           AlgorithmConfig())
@@ -55,14 +55,23 @@ def test_replay_makes_trainer_experts_the_engines_and_shrinks_the_mismatch():
         same = [np.array_equal(np.sort(u, -1), np.sort(r.routed_experts.astype(np.int64), -1))
                 for u, r in zip(used, rollouts)]
         assert all(same) if keep else not all(same)
+        # The first sparse layer's own top-k sets (ahead of the replay's hook), in every forward of
+        # the step (the probe's too).
+        seen = first_own[keep] = []
+        hook = find_routers(trainer.model)[0].register_forward_hook(
+            lambda _m, _args, out, seen=seen: seen.append(out[2].sort(-1).values.clone()), prepend=True)
         metrics[keep] = trainer.train_step(rollouts)
+        hook.remove()
     off, on = metrics[False], metrics[True]
     print(f"router disagreement {off['routing/disagreement']:.4f} "
           f"({off['routing/disagreement'] * 100:.2f}% of token-layer top-k sets); "
           f"|log-prob mismatch| without replay {off['offpolicy/mismatch_abs_logprob']:.5f}, "
           f"with replay {on['offpolicy/mismatch_abs_logprob']:.5f}")
-    # The trainer's own router disagrees either way; replay only changes what is used.
-    assert off["routing/disagreement"] > 0 and on["routing/disagreement"] == off["routing/disagreement"]
+    # The trainer's own routers disagree either way. Replay changes what is used, and so what the
+    # later layers' routers see, but not the first one's input: its own choices are the same.
+    assert off["routing/disagreement"] > 0 and on["routing/disagreement"] > 0
+    assert len(first_own[False]) == len(first_own[True]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(first_own[False], first_own[True]))
     assert on["offpolicy/mismatch_abs_logprob"] < off["offpolicy/mismatch_abs_logprob"]
     # The probe scores the other routing in the same step: each run's probe is the other's mismatch
     # (same float32 forward, so equal up to summation order).
