@@ -48,3 +48,15 @@ def test_packed_weights_generate_what_plain_ones_do_and_follow_every_update():
         engine.update_weights(list(other.state_dict().items()), version=1)
     fresh = make_engine(other, dtype="bfloat16", max_num_seqs=8, pack_weights=False)
     assert generate(packed) == generate(fresh) == generate(plain)
+
+
+def test_the_engine_names_what_packing_costs_when_it_starts(caplog):
+    hf = hf_model("llama", seed=1)
+    with caplog.at_level("INFO", logger="tokenflow.engine.builtin.llm_engine"):
+        packed = make_engine(hf, dtype="bfloat16", pack_weights=True)
+        make_engine(hf, dtype="bfloat16", pack_weights=False)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
+    assert len(lines) == 2
+    assert lines[0].endswith(f"linear weights also packed for oneDNN ({packed.model.packed_bytes / 1e6:.0f} MB; "
+                             "engine.pack_weights)")
+    assert "packed" not in lines[1]

@@ -47,9 +47,10 @@ class EngineConfig(ConfigModel):
     """Built-in engine on the CPU in bfloat16: also keep each linear layer's weight in oneDNN's
     pre-packed layout, packed again after every weight update, so that a product does not
     reorder its weight on every call. The same results bitwise; a second copy of the linear
-    weights in memory (SmolLM2-135M: 269 MB; counted by `--dry-run`'s estimate), and the
-    repacking after each update (0.2 s for SmolLM2 on two threads). SmolLM2's decode step, 64
-    rows: 9% faster (docs/performance.md). Off where memory is tighter than time."""
+    weights in memory (SmolLM2-135M: 269 MB; counted by `--dry-run`'s estimate, named in the
+    engine's start-up line), and the repacking after each update (0.12-0.21 s for SmolLM2 on two
+    threads). SmolLM2's decode step, 64 rows: 9-11% faster (docs/performance.md). Off where
+    memory is tighter than time."""
 
     max_num_batched_tokens: int = Field(default=4096, ge=1)
     """Token budget of one prefill step, counted as (prompts in the step) x (longest prompt), i.e.

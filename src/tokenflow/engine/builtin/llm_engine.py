@@ -41,7 +41,7 @@ from tokenflow.engine.loading.loader import (
 from tokenflow.engine.builtin.model_runner import ModelRunner
 from tokenflow.engine.builtin.models import model_class
 from tokenflow.engine.request import RequestLimits
-from tokenflow.engine.builtin.models.packed import can_pack
+from tokenflow.engine.builtin.models.packed import can_pack, packing_note
 from tokenflow.engine.builtin.sampler import Sampler, SamplingBatch
 from tokenflow.engine.sampling_params import SamplingParams
 from tokenflow.engine.builtin.scheduler import Scheduler
@@ -74,8 +74,7 @@ class Engine:
     capabilities = BUILTIN
 
     logits_hook: Callable[[str, list[Sequence], torch.Tensor], None] | None = None
-    """Debug/test hook called with (step kind, row sequences, logits) before sampling: float32
-    after a prefill, the model's dtype after a decode step."""
+    """Debug/test hook: (step kind, row sequences, logits) before sampling; a decode step's in the model's dtype."""
 
     def __init__(self, model: str | Path, config: EngineConfig | None = None, *, tokenizer=None) -> None:
         folder = read_model_folder(model, tokenizer)
@@ -139,9 +138,10 @@ class Engine:
         self._live: dict[str, set[int]] = {}
         """Sample indices still unfinished, per request id."""
         self._counter = 0
-        logger.info("engine: %s on %s/%s, %.1fM parameters, context %d, %d slots",
+        logger.info("engine: %s on %s/%s, %.1fM parameters, context %d, %d slots%s",
                     cls.__name__, self.device, str(self.dtype).removeprefix("torch."),
-                    sum(v.numel() for v in views.values()) / 1e6, self.max_model_len, config.max_num_seqs)
+                    sum(v.numel() for v in views.values()) / 1e6, self.max_model_len, config.max_num_seqs,
+                    packing_note(self.model))
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ class SamplingBatch:
             step=t([s.num_completion_tokens for s in seqs], torch.int64),
             any_greedy=any(greedy),
             all_greedy=all(greedy),
-            unit_temperature=all(t in (0, 1) for t in temps),
+            unit_temperature=all(temp in (0, 1) for temp in temps),
             truncated_rows=[i for i, p in enumerate(params) if p.truncates],
             top_n=[p.logprobs for p in params],
         )
@@ -127,9 +127,9 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         rows, vocab = logits.shape
-        # Logits may come in the model's dtype (a decode step's do): one pass makes z in float32
-        # either way. Dividing by 1 is exact, so rows at T = 1 (or greedy) skip it: z is then
-        # bitwise what the division would give, without a pass over [rows, vocab].
+        # Logits may come in the model's dtype (as a decode step's do): one pass makes z in
+        # float32 either way. Dividing by 1 is exact, so rows at T = 1 (or greedy) skip it: z is
+        # then bitwise what the division would give, without a pass over [rows, vocab].
         if batch.unit_temperature:
             z = logits.float()
         else:

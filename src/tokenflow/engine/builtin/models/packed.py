@@ -42,11 +42,18 @@ class Linear(nn.Linear):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Pack every `Linear` of ``model`` from its current weight; returns the bytes the packed
-    copies take."""
+    """Pack every `Linear` of ``model`` from its current weight; returns the bytes of the weights
+    packed (what the packed copies take, less any padding of oneDNN's blocks)."""
     total = 0
     for module in model.modules():
         if isinstance(module, Linear):
             module.pack()
             total += module.weight.numel() * module.weight.element_size()
     return total
+
+
+def packing_note(model) -> str:
+    """For the engine's start-up line: what packing costs, if this model packs."""
+    if not getattr(model, "packs_weights", False):
+        return ""
+    return f", linear weights also packed for oneDNN ({model.packed_bytes / 1e6:.0f} MB; engine.pack_weights)"
