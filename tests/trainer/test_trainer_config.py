@@ -12,6 +12,8 @@ from tests.trainer.trainer_testlib import tiny_model
     (dict(schedule="cosine"), ["schedule", "total_steps"]),
     (dict(warmup_steps=5, total_steps=3), ["warmup_steps", "total_steps"]),
     (dict(value_lr=1e-3), ["value_lr", "value_head"]),
+    (dict(compile_layers=True, keep_routing=True), ["compile_layers", "keep_routing"]),
+    (dict(compile_layers=True, world_size=2), ["compile_layers", "world_size"]),
 ])
 def test_trainer_config_refusals(kwargs, fields):
     with pytest.raises(ValidationError) as e:

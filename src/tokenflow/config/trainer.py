@@ -115,6 +115,15 @@ class TrainerConfig(ConfigModel):
     backward pass and recompute the elementwise rest (`tokenflow.trainer.model.lean_layers`): the
     forward is bit-identical, the gradients agree to rounding. Off: transformers' own modules."""
 
+    compile_layers: bool = False
+    """Run each decoder layer through ``torch.compile`` (dynamic shapes), forward and backward:
+    the elementwise work around the matrix products (casts, norms, rotary, SiLU, softmax) becomes
+    fused kernels. Compiling takes tens of seconds when the trainer starts (paid while the engines
+    generate the first batch); a model without a decoder layer list, a CPU without a C++ compiler
+    or a failed compile falls back to the eager layers with a warning
+    (`tokenflow.trainer.model.compiled`). Numerics move by rounding only. Not with
+    ``world_size > 1``, ``keep_routing`` or ``routing_probe`` (their hooks inside the layers)."""
+
     memory_budget_gb: float | None = Field(default=None, gt=0)
     """The most host memory the trainer process may use, in GB (1e9 bytes). Before any process
     starts, ``tokenflow train`` estimates a CPU trainer's peak (weights, gradients and AdamW
@@ -238,6 +247,9 @@ class TrainerConfig(ConfigModel):
         if self.routing_probe and self.world_size > 1:
             raise ValueError("trainer.routing_probe with trainer.world_size > 1: the probe's extra forward "
                              "would unbalance the ranks' collectives; drop one of them")
+        if self.compile_layers and (self.world_size > 1 or self.keep_routing or self.routing_probe):
+            raise ValueError("trainer.compile_layers with world_size > 1, keep_routing or routing_probe: the "
+                             "sharded layers and the routers' hooks run eagerly only; set compile_layers = false")
         if self.lora_rank is not None and self.world_size > 1:
             raise ValueError("trainer.lora_rank with trainer.world_size > 1: LoRA trains on one trainer "
                              "process; drop world_size or train the full model")

@@ -36,6 +36,7 @@ from tokenflow.trainer.batch import MicroBatcher, TrainSequence, to_train_sequen
 from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.metrics import age_stats, step_metrics
+from tokenflow.trainer.model.compiled import compile_layers, warm_up
 from tokenflow.trainer.model.loading import load_policy
 from tokenflow.host_memory import limit_onednn_cache, read_status_kb, release_freed_memory
 from tokenflow.trainer.model.memory import keep_host_memory
@@ -110,6 +111,9 @@ class Trainer:
             from tokenflow.trainer.model.lora import BaseModelRunner
 
             self.ref_runner = BaseModelRunner(self.runner)
+        if config.compile_layers and compile_layers(self.model, self.device):
+            took = warm_up(self.model, self.runner, self.runner.vocab_size, scoring=self._scores_policy())
+            log.info("trainer.compile_layers: compiled in %.1f s", took)
         groups = self._param_groups()
         self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps,
                                            fused=config.fused_optimizer and fused_adam_supported(groups) or None)
@@ -264,6 +268,15 @@ class Trainer:
                     raise ValueError(f"rollout {s.index} has non-finite behaviour log-probs on loss tokens; "
                                      "if the engine does not record them set algorithm.behaviour_logprobs = false")
         return seqs
+
+    def _scores_policy(self) -> bool:
+        """Whether ``train_step`` runs no-grad passes through the policy's layers: π_prox where
+        no training forward gives it, V_old for a value head, a LoRA policy's base as the KL
+        reference."""
+        c, alg = self.config, self.algorithm
+        prox = alg.needs_prox_pass and (c.mini_batches * c.epochs > 1 or not self.prox_from_forward)
+        base_as_reference = self.is_lora and alg.kl_coef > 0 and self.reference is None
+        return prox or self.value_head is not None or base_as_reference
 
     @property
     def prox_from_forward(self) -> bool:
