@@ -14,7 +14,7 @@ from tests.trainer.test_lean_layers import _ids, _rel, _run
 from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tokenflow.trainer.model.compiled import compile_layers, decoder_layers, warm_up
+from tokenflow.trainer.model.compiled import compile_layers, decoder_layers, is_compiled, warm_up
 from tokenflow.trainer.model.runner import CausalLMRunner
 
 CPU = torch.device("cpu")
@@ -68,7 +68,7 @@ def _trainer(**kw) -> Trainer:
 def test_the_trainer_compiles_before_its_first_batch_and_not_inside_a_step(kw):
     trainer = _trainer(**kw)
     layers = decoder_layers(trainer.model)
-    assert layers and all(layer._compiled_call_impl is not None for layer in layers)
+    assert layers and all(is_compiled(layer) for layer in layers)
     rows = []
     batcher = trainer.batcher
 
@@ -95,12 +95,11 @@ def test_compiling_does_not_draw_from_the_runs_random_numbers():
     model = tiny_model(seed=2)
     for layer in decoder_layers(model):
         layer.self_attn.attention_dropout = 0.5  # a train-mode forward that draws (the warm-up's too)
-    for layer in decoder_layers(model):  # what is tested is the warm-up: dynamo without inductor's compile
-        layer.compile(backend="eager", dynamic=True)
+    compile_layers(model, CPU, backend="eager")  # what is tested is the warm-up: dynamo, no C++ compile
     torch.manual_seed(7)
     seeded = torch.random.get_rng_state()
     warm_up(model, CausalLMRunner(model, CPU, "float32"), model.config.vocab_size)
-    assert decoder_layers(model)[0]._compiled_call_impl is not None and _graphs() > 0
+    assert is_compiled(decoder_layers(model)[0]) and _graphs() > 0
     assert torch.equal(seeded, torch.random.get_rng_state())
 
 
@@ -112,7 +111,7 @@ def test_a_compiler_that_fails_leaves_the_eager_layers_training(caplog):
             caplog.at_level(logging.WARNING, logger="tokenflow.trainer.model.compiled"):
         trainer = _trainer()
     assert "compiling failed" in caplog.text and "the layers run eagerly" in caplog.text
-    assert all(layer._compiled_call_impl is None for layer in decoder_layers(trainer.model))
+    assert all(not is_compiled(layer) for layer in decoder_layers(trainer.model))
     m = trainer.train_step(on_policy(trainer.model, make_rollouts(seed=5, groups=4, per_group=4)))
     assert m["offpolicy/mismatch_abs_logprob"] < 1e-5 and trainer.version == 1
 
@@ -123,4 +122,4 @@ def test_without_a_cpp_compiler_the_layers_stay_eager(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="tokenflow.trainer.model.compiled"):
         assert compile_layers(model, CPU) == 0
     assert "no C++ compiler" in caplog.text
-    assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))
+    assert all(not is_compiled(layer) for layer in decoder_layers(model))

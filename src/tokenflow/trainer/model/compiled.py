@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+import types
 
 import torch
 
@@ -40,9 +41,11 @@ def cannot_compile(device: torch.device) -> str | None:
     return None
 
 
-def compile_layers(model, device: torch.device) -> int:
-    """Compile ``model``'s decoder layers in place; returns how many (0, with a warning, where
-    they cannot be)."""
+def compile_layers(model, device: torch.device, backend: str = "inductor") -> int:
+    """Compile ``model``'s decoder layers in place with ``torch.compile``'s ``backend``; returns
+    how many (0, with a warning, where they cannot be). Each layer's forward becomes one compiled
+    function of its class, bound to it: the layers share the compiled graphs (their parameters
+    are the graphs' inputs)."""
     layers = decoder_layers(model)
     why = cannot_compile(device) or (None if layers else "the model has no decoder layer list")
     if why:
@@ -53,14 +56,24 @@ def compile_layers(model, device: torch.device) -> int:
     # Compile in this process: a pool of compile workers would each hold an imported torch for
     # the rest of the run (hundreds of MB apiece, on a laptop whose memory the run budgets).
     inductor.compile_threads = 1
+    by_class: dict[type, object] = {}
     for layer in layers:
-        layer.compile(dynamic=True)
+        cls = type(layer)
+        if cls not in by_class:
+            by_class[cls] = torch.compile(cls.forward, backend=backend, dynamic=True)
+        layer.forward = types.MethodType(by_class[cls], layer)
     return len(layers)
 
 
+def is_compiled(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` runs the compiled forward :func:`compile_layers` gave it."""
+    return "forward" in vars(layer)
+
+
 def uncompile_layers(model) -> None:
+    """Back to each layer's class forward."""
     for layer in decoder_layers(model):
-        layer._compiled_call_impl = None
+        vars(layer).pop("forward", None)
 
 
 def warm_up(model, runner, vocab: int, *, scoring: bool = False, tokens: int = 24) -> float:
