@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             acc[2] += e.cpu_time_total
         metrics.append(m)
         engine.update_weights(trainer.named_weights(), trainer.version)
-    # The first step's batch once more, unprofiled: a later step of exactly the same size.
+    # The first step's batch once more, unprofiled: a later step of exactly the same size (its
+    # micro-batches are not counted with the profiled steps').
+    trainer.batcher = trainer.passes.batcher = orig_micro_batches
     t0 = time.perf_counter()
     again = trainer.train_step(first_rollouts)
     again_wall = time.perf_counter() - t0
