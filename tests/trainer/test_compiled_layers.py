@@ -98,7 +98,7 @@ def test_compiling_does_not_draw_from_the_runs_random_numbers():
     compile_layers(model, CPU, backend="eager")  # what is tested is the warm-up: dynamo, no C++ compile
     torch.manual_seed(7)
     seeded = torch.random.get_rng_state()
-    warm_up(model, CausalLMRunner(model, CPU, "float32"), model.config.vocab_size)
+    warm_up(CausalLMRunner(model, CPU, "float32"), model.config.vocab_size)
     assert is_compiled(decoder_layers(model)[0]) and _graphs() > 0
     assert torch.equal(seeded, torch.random.get_rng_state())
 

@@ -121,8 +121,9 @@ class TrainerConfig(ConfigModel):
     fused kernels. Compiling takes tens of seconds when the trainer starts (paid while the engines
     generate the first batch); a model without a decoder layer list, a CPU without a C++ compiler
     or a failed compile falls back to the eager layers with a warning
-    (`tokenflow.trainer.model.compiled`). Numerics move by rounding only. Not with
-    ``world_size > 1``, ``keep_routing`` or ``routing_probe`` (their hooks inside the layers)."""
+    (`tokenflow.trainer.model.compiled`). Numerics move by rounding only. The policy's layers
+    only (a KL reference copy runs eagerly). Not with ``world_size > 1``, ``keep_routing`` or
+    ``routing_probe`` (sharded layers; hooks inside the layers)."""
 
     memory_budget_gb: float | None = Field(default=None, gt=0)
     """The most host memory the trainer process may use, in GB (1e9 bytes). Before any process

@@ -111,9 +111,11 @@ class Trainer:
             from tokenflow.trainer.model.lora import BaseModelRunner
 
             self.ref_runner = BaseModelRunner(self.runner)
-        if config.compile_layers and compile_layers(self.model, self.device):
-            took = warm_up(self.model, self.runner, self.runner.vocab_size, scoring=self._scores_policy())
-            log.info("trainer.compile_layers: compiled in %.1f s", took)
+        compiled = compile_layers(self.model, self.device) if config.compile_layers else 0
+        if compiled:
+            took = warm_up(self.runner, self.runner.vocab_size, scoring=self._scores_policy())
+            if took is not None:
+                log.info("trainer.compile_layers: %d layers compiled in %.1f s", compiled, took)
         groups = self._param_groups()
         self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps,
                                            fused=config.fused_optimizer and fused_adam_supported(groups) or None)

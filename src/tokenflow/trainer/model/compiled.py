@@ -76,15 +76,15 @@ def uncompile_layers(model) -> None:
         vars(layer).pop("forward", None)
 
 
-def warm_up(model, runner, vocab: int, *, scoring: bool = False, tokens: int = 24) -> float:
+def warm_up(runner, vocab: int, *, scoring: bool = False, tokens: int = 24) -> float | None:
     """Compile now: a forward and backward through ``runner``'s training path on dummy rows of
     every kind a micro-batch can have (two rows or one; each with one sequence per row or with a
     restart of the position ids, as packing and padding make them: transformers then builds an
     attention mask where it otherwise may pass none), and with ``scoring`` the same rows in a
     no-grad forward in eval mode (the trainer's no-grad passes: dynamo compiles those apart).
     Kinds that share a graph cost one forward (and backward). Gradients are dropped and the RNG
-    state restored. Returns the seconds it took; on failure the layers go back to eager and the
-    error is logged."""
+    state restored. Returns the seconds it took, or None where it failed: the layers are then
+    eager again and the error is logged."""
     t0 = time.perf_counter()
     device = runner.device
     ids = torch.arange(tokens, device=device) % vocab
@@ -112,6 +112,7 @@ def warm_up(model, runner, vocab: int, *, scoring: bool = False, tokens: int = 2
         log.warning("trainer.compile_layers: compiling failed (%s: %s); the layers run eagerly",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         uncompile_layers(runner.model)
+        return None
     finally:
         runner.model.train(was_training)
         runner.model.zero_grad(set_to_none=True)
