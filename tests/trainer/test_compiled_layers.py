@@ -14,7 +14,8 @@ from tests.trainer.test_lean_layers import _ids, _rel, _run
 from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tokenflow.trainer.model.compiled import compile_layers, decoder_layers, is_compiled, warm_up
+from tokenflow.trainer.model.compiled import compile_layers, is_compiled, warm_up
+from tokenflow.trainer.model.loading import decoder_layers
 from tokenflow.trainer.model.runner import CausalLMRunner
 
 CPU = torch.device("cpu")

@@ -38,6 +38,7 @@ from tokenflow.algorithms.stats import Accumulator
 from tokenflow.trainer.batch import MicroBatch, MicroBatcher, TrainSequence, collate
 from tokenflow.trainer.checkpointing import TrainingState, set_rng_state
 from tokenflow.trainer.distributed import RankGroup, partition
+from tokenflow.trainer.model.loading import decoder_layers
 from tokenflow.trainer.model.runner import CausalLMRunner
 from tokenflow.trainer.passes import NoGradPasses
 from tokenflow.trainer.schedule import build_scheduler
@@ -50,8 +51,7 @@ def shard_model(model: torch.nn.Module, world_size: int, device_type: str) -> No
     """One FSDP unit per decoder layer plus the root (embeddings, final norm, output head —
     tied weights stay in one unit). Gradients are summed, never averaged, across ranks."""
     mesh = init_device_mesh(device_type, (world_size,))
-    layers = getattr(model.get_decoder(), "layers", None) or []
-    for layer in layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for m in model.modules():

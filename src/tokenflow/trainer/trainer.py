@@ -165,7 +165,6 @@ class Trainer:
         alg, c = self.algorithm, self.config
         live = [r for r in rollouts if not r.failed]
         seqs = self._sequences(live)
-        multi = c.mini_batches * c.epochs > 1
         # π_prox, the policy before the batch's first step: from a no-grad pass, except where a
         # forward at those weights gives it exactly (``prox_from_forward``): the first step's
         # forward for its part (and the only step's for all of it).
@@ -175,7 +174,7 @@ class Trainer:
         values_first = self.value_head is not None
         prox, old_values = None, None
         if values_first:
-            prox, old_values = self.passes.prox_and_values(seqs, len(live), want_prox=alg.needs_prox_pass and (multi or not fill))
+            prox, old_values = self.passes.prox_and_values(seqs, len(live), want_prox=self._prox_pass)
         kl_rewards, kl_metrics = self.passes.kl_rewards(live, seqs)
         adv = compute_advantages(live, alg, old_values, kl_rewards)
         train = [s for s in seqs if s.num_loss_tokens > 0]
@@ -184,7 +183,7 @@ class Trainer:
         # the skip.
         minis = [MiniBatch(counts, *self._skip_inert(part, adv)) for part, counts in
                  split(train, c.mini_batches, global_counts)]
-        if prox is None and alg.needs_prox_pass and (multi or not fill):
+        if prox is None and self._prox_pass:
             later = [s for m in (minis[1:] if fill else minis) for s in m.train]
             prox = (self.passes.prox_and_values(later, len(live), want_prox=True)[0] if later
                     else [np.zeros(0, dtype=np.float32)] * len(live))
@@ -275,10 +274,16 @@ class Trainer:
         """Whether ``train_step`` runs no-grad passes through the policy's layers: π_prox where
         no training forward gives it, V_old for a value head, a LoRA policy's base as the KL
         reference."""
-        c, alg = self.config, self.algorithm
-        prox = alg.needs_prox_pass and (c.mini_batches * c.epochs > 1 or not self.prox_from_forward)
+        alg = self.algorithm
         base_as_reference = self.is_lora and alg.kl_coef > 0 and self.reference is None
-        return prox or self.value_head is not None or base_as_reference
+        return self._prox_pass or self.value_head is not None or base_as_reference
+
+    @property
+    def _prox_pass(self) -> bool:
+        """Whether π_prox needs a no-grad pass: the objective reads it and no training forward
+        gives all of it (several optimizer steps a batch, or not ``prox_from_forward``)."""
+        c = self.config
+        return self.algorithm.needs_prox_pass and (c.mini_batches * c.epochs > 1 or not self.prox_from_forward)
 
     @property
     def prox_from_forward(self) -> bool:

@@ -23,15 +23,9 @@ import types
 
 import torch
 
+from tokenflow.trainer.model.loading import decoder_layers
+
 log = logging.getLogger(__name__)
-
-
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated blocks of a transformers causal LM (``model.layers`` of its decoder), or []."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-    layers = getattr(decoder, "layers", None)
-    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
 
 def cannot_compile(device: torch.device) -> str | None:

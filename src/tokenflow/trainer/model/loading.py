@@ -97,6 +97,15 @@ def use_fp32_lm_head(model) -> None:
     head.forward = types.MethodType(_fp32_linear_forward, head)
 
 
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers causal LM (``model.layers`` of its decoder; a peft
+    model's base model's), or []."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
 def enable_checkpointing(model) -> None:
     """Recompute each decoder layer in the backward pass (non-reentrant checkpoint)."""
     kwargs = {"use_reentrant": False}
