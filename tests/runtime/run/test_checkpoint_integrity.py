@@ -4,6 +4,7 @@ writing one leaves the previous one intact; what a killed run left in /dev/shm i
 from __future__ import annotations
 
 import errno
+import os
 import multiprocessing as mp
 from multiprocessing import resource_tracker, shared_memory, synchronize
 
@@ -68,16 +69,15 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
     assert verify_checkpoint(two) is None
 
 
-def _stdlib_semaphore_name():
-    # CPython's SemLock._make_name: the process's semprefix, a dash, a random suffix
-    return f"{mp.process.current_process()._config['semprefix']}-{next(synchronize.SemLock._rand)}"  # noqa: SLF001
+def _foreign_semaphore_name():
+    # what joblib's loky backend installs process-wide when it is imported: a name without semprefix
+    return f"/loky-{os.getpid()}-{next(synchronize.SemLock._rand)}"  # noqa: SLF001
 
 
 def test_start_up_removes_what_a_killed_run_left_in_dev_shm_and_names_its_own(tmp_path, monkeypatch):
-    # joblib's loky backend (imported by libraries other tests load) replaces the semaphore naming
-    # process-wide on import ("/loky-<pid>-…"); this test is of tokenflow's prefix, so it runs
-    # with CPython's naming whatever ran before it in this process
-    monkeypatch.setattr(synchronize.SemLock, "_make_name", staticmethod(_stdlib_semaphore_name))
+    # a library imported before the run (loky, by scikit-learn or nltk in a reward function) has
+    # replaced multiprocessing's semaphore naming; the run's queues carry its tag all the same
+    monkeypatch.setattr(synchronize.SemLock, "_make_name", staticmethod(_foreign_semaphore_name))
     tag = run_tag(tmp_path)
     # What a SIGKILLed run leaves: a weight slot nobody unlinks.
     leaked = shared_memory.SharedMemory(name=f"{tag}_deadbeef_0", create=True, size=4096)
@@ -97,3 +97,4 @@ def test_start_up_removes_what_a_killed_run_left_in_dev_shm_and_names_its_own(tm
         del q
     with run_resources(tmp_path):  # the lock is free again once the holder is done
         pass
+    assert synchronize.SemLock._make_name().startswith("/loky-")  # noqa: SLF001 - and the naming it found is back

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import logging
 import multiprocessing.process as mp_process
+import multiprocessing.synchronize as mp_sync
 import os
 from pathlib import Path
 
@@ -78,6 +79,13 @@ def release_segments(tag: str) -> int:
     return n
 
 
+def _tagged_name() -> str:
+    """CPython's semaphore name (the process's semprefix and a random part): what a run's
+    queues and locks are created under, so start-up can find a killed run's."""
+    prefix = mp_process.current_process()._config["semprefix"]  # noqa: SLF001
+    return f"{prefix}-{next(mp_sync.SemLock._rand)}"  # noqa: SLF001
+
+
 @contextlib.contextmanager
 def run_resources(run_dir: Path):
     """Hold the run's lock, clear what a killed run left, and name what this one creates after it."""
@@ -96,11 +104,16 @@ def run_resources(run_dir: Path):
         remove_leftovers(tag)
         config = mp_process.current_process()._config  # noqa: SLF001 - the only hook for semaphore names
         old_prefix, old_env = config.get("semprefix"), os.environ.get(RUN_TAG_ENV)
+        old_namer = mp_sync.SemLock.__dict__["_make_name"]
         config["semprefix"] = f"/{tag}"
+        # joblib's loky backend (imported by scikit-learn, nltk, ... in a reward function) replaces
+        # the class's namer process-wide with one that ignores semprefix; the run names its own.
+        mp_sync.SemLock._make_name = staticmethod(_tagged_name)  # noqa: SLF001
         os.environ[RUN_TAG_ENV] = tag
         try:
             yield tag
         finally:
+            mp_sync.SemLock._make_name = old_namer  # noqa: SLF001
             config["semprefix"] = old_prefix
             if old_env is None:
                 os.environ.pop(RUN_TAG_ENV, None)
