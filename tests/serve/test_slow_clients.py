@@ -197,6 +197,11 @@ _EMFILE_SERVER = textwrap.dedent("""
                 socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
             except OSError:
                 break
+        # the server may have kept up and accepted every connection made: free one descriptor
+        # and connect through it, so a connection waits that the server has no descriptor for
+        if socks:
+            socks.pop().close()
+            socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
         time.sleep(4)
         for s in socks:
             s.close()
