@@ -257,6 +257,8 @@ class ShardedTrainingState(TrainingState):
 class FSDPTrainer(Trainer):
     """``Trainer`` over ``group.world`` ranks; every rank constructs it and calls the same methods."""
 
+    keeps_casts = False  # autocast would keep casts of the gathered, unsharded weights
+
     def __init__(self, model, config, algorithm, *, group: RankGroup, version: int = 0, tokenizer=None) -> None:
         self.group = group
         super().__init__(model, config, algorithm, version=version, tokenizer=tokenizer)

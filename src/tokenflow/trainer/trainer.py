@@ -18,6 +18,7 @@ micro-batch's forward/backward and the optimizer step: :mod:`tokenflow.trainer.s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -76,6 +77,9 @@ class Trainer:
     The work is done by collaborators given what they need (``_assemble``): ``batcher``
     (micro-batches), ``passes`` (no-grad passes), ``stepper`` (forward/backward, optimizer
     step), ``weights`` (weights out) and ``checkpoints`` (state to resume)."""
+
+    keeps_casts = True
+    """An optimizer step's micro-batches share one autocast region (`_casts_kept`)."""
 
     def __init__(self, model, config: TrainerConfig, algorithm: AlgorithmConfig, *,
                  version: int = 0, tokenizer=None) -> None:
@@ -199,9 +203,10 @@ class Trainer:
                 step_acc = Accumulator()
                 batches = self.batcher(mini.train)
                 first = epoch == 0 and k == 0
-                for mb in batches:
-                    self.stepper.accumulate(mb, adv, prox, old_values, mini.counts, step_acc, version=self.version,
-                                            fill_prox=first and fill, at_start=first, record=epoch == 0)
+                with self._casts_kept():
+                    for mb in batches:
+                        self.stepper.accumulate(mb, adv, prox, old_values, mini.counts, step_acc, version=self.version,
+                                                fill_prox=first and fill, at_start=first, record=epoch == 0)
                 if mini.skipped and not batches:
                     self.stepper.zero_grads()  # as the full part would have: a zero gradient, and AdamW still steps
                 elif not batches and first:
@@ -269,6 +274,15 @@ class Trainer:
                     raise ValueError(f"rollout {s.index} has non-finite behaviour log-probs on loss tokens; "
                                      "if the engine does not record them set algorithm.behaviour_logprobs = false")
         return seqs
+
+    def _casts_kept(self):
+        """One autocast region over an optimizer step's micro-batches: autocast keeps its casts
+        of the float32 weights (the output head's [vocab, hidden] one above all) for the region's
+        length, so each is made once a step instead of once a micro-batch. The weights do not
+        change inside it (the optimizer steps after it), and the casts are the ones the backward
+        keeps anyway while a micro-batch runs. Sharded (FSDP) parameters are gathered anew each
+        forward: there it would keep full unsharded copies (``keeps_casts`` False)."""
+        return self.runner.autocast() if self.keeps_casts else contextlib.nullcontext()
 
     def _scores_policy(self) -> bool:
         """Whether ``train_step`` runs no-grad passes through the policy's layers: π_prox where
