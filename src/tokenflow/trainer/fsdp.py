@@ -258,6 +258,7 @@ class FSDPTrainer(Trainer):
     """``Trainer`` over ``group.world`` ranks; every rank constructs it and calls the same methods."""
 
     keeps_casts = False  # autocast would keep casts of the gathered, unsharded weights
+    sparse_embedding = False  # sharded parameters take dense gradients
 
     def __init__(self, model, config, algorithm, *, group: RankGroup, version: int = 0, tokenizer=None) -> None:
         self.group = group

@@ -38,7 +38,7 @@ from tokenflow.trainer.checkpointing import TrainingState
 from tokenflow.trainer.keep_routing import RoutingReplay
 from tokenflow.trainer.metrics import age_stats, step_metrics
 from tokenflow.trainer.model.compiled import compile_layers, warm_up
-from tokenflow.trainer.model.loading import load_policy
+from tokenflow.trainer.model.loading import load_policy, sparse_tied_embedding
 from tokenflow.host_memory import limit_onednn_cache, read_status_kb, release_freed_memory
 from tokenflow.trainer.model.memory import keep_host_memory
 from tokenflow.trainer.model.runner import CausalLMRunner
@@ -80,6 +80,9 @@ class Trainer:
 
     keeps_casts = True
     """An optimizer step's micro-batches share one autocast region (`_casts_kept`)."""
+    sparse_embedding = True
+    """A tied input embedding's gradient is sparse (`loading.sparse_tied_embedding`); not for
+    sharded parameters."""
 
     def __init__(self, model, config: TrainerConfig, algorithm: AlgorithmConfig, *,
                  version: int = 0, tokenizer=None) -> None:
@@ -96,6 +99,8 @@ class Trainer:
         loaded = load_policy(model, config, algorithm, self.device)
         self.model, self.reference, self.is_lora = loaded.model, loaded.reference, loaded.is_lora
         self.stochastic = loaded.stochastic
+        if self.sparse_embedding:
+            sparse_tied_embedding(self.model)
         """What makes the train-mode forward random (dropout, router jitter); empty if nothing."""
         if self.stochastic:
             log.info("the policy's forward is stochastic (%s): π_prox comes from a no-grad pass in eval mode",

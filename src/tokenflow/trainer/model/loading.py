@@ -97,6 +97,22 @@ def use_fp32_lm_head(model) -> None:
     head.forward = types.MethodType(_fp32_linear_forward, head)
 
 
+def sparse_tied_embedding(model) -> bool:
+    """Give the input embedding a sparse gradient where it shares its weight with the output
+    head (SmolLM2, Qwen2.5's small models, ...). Its dense gradient is a [vocab, hidden] tensor
+    of zeros with the micro-batch's few hundred rows filled in, made and summed into the head's
+    gradient every micro-batch (two passes over 113 MB for a 49k × 576 vocabulary); a sparse one
+    adds just those rows into the head's gradient, which stays dense, so the optimizer sees the
+    same dense gradient. An untied embedding keeps its dense one (its own gradient would become
+    sparse, which AdamW does not take). Returns whether it was changed."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if type(emb) is torch.nn.Embedding and head is not None and emb.weight is getattr(head, "weight", None) \
+            and emb.weight.requires_grad:
+        emb.sparse = True
+        return True
+    return False
+
+
 def decoder_layers(model) -> list[torch.nn.Module]:
     """The repeated blocks of a transformers causal LM (``model.layers`` of its decoder; a peft
     model's base model's), or []."""
