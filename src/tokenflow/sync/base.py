@@ -36,6 +36,10 @@ class WeightsReady:
     slot: int = 0
     checksum: str | None = None
     sent_at: float = 0.0
+    group: str = ""
+    """The sender's group (a broadcast group's address), so that a receiver of a re-formed group
+    can tell a notice of the old one (delivered late to a restarted engine) from its own; empty
+    where the transport tells its own apart (shared memory checks the slot's version)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,14 @@ class WeightSender(Protocol):
         ...
 
 
+def owns(spec: SyncSpec, msg: WeightsReady) -> bool:
+    """Whether ``msg`` announces a transfer of the sync ``spec`` describes."""
+    return not msg.group or msg.group == spec.options.get("group", "")
+
+
 class WeightReceiver(Protocol):
+    spec: SyncSpec
+    """What it attached to (a notice whose ``group`` is another's is not for it: `owns`)."""
     collective: bool
     """True when every receiver must take part in every transfer (a broadcast): the engine then
     receives even an update it is already past, and discards it."""

@@ -148,8 +148,9 @@ class BroadcastSender:
         if streams < 1:
             raise ValueError(f"sync.streams must be ≥ 1, got {streams}")
         self.streams = 1 if self.backend == "nccl" or per_param else streams
+        port = port or free_port()
         self.spec = SyncSpec("broadcast", layout, {
-            "host": host, "port": port or free_port(), "world": 1 + num_receivers,
+            "host": host, "port": port, "group": f"{host}:{port}", "world": 1 + num_receivers,
             "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend, "streams": self.streams,
         })
         if not per_param:  # two staging buffers: pack one while the other is on the wire
@@ -167,7 +168,7 @@ class BroadcastSender:
         if self._pg is None:
             raise RuntimeError("BroadcastSender.send() before connect()")
         t0 = time.perf_counter()
-        notify(WeightsReady(version, "broadcast", 0, checksum, time.time()))
+        notify(WeightsReady(version, "broadcast", 0, checksum, time.time(), group=self.spec.options["group"]))
         with trace.span("sync/broadcast", version=version):
             send = self._send_per_param if self.per_param else self._send_packed
             pack_s, messages = send(iter(named_tensors), version)

@@ -24,6 +24,7 @@ from tokenflow.runtime.workers.messages import (
     SetThreads, Shutdown, WeightsLoaded, WorkerBooted,
 )
 from tokenflow.runtime.workers import inflight
+from tokenflow.sync.base import owns
 from tokenflow.runtime.workers.process import ParentWatch, worker_main
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,12 @@ class EngineWorker:
         collective = self.receiver.collective
         keep = []
         for m in self.pending_weights:
-            if collective or m.version > self.engine.version:
+            if not owns(self.receiver.spec, m):
+                # A notice of a group this engine left (a failed push to the engine it replaces,
+                # delivered after it attached to the re-formed group): no transfer will match it,
+                # and receiving for it would pair every later broadcast with the wrong version.
+                log.info("%s: dropped a weight notice (version %d) of another sync group", self.name, m.version)
+            elif collective or m.version > self.engine.version:
                 keep.append(m)
             else:  # nothing to load, but the sender waits for every receiver to release the slot
                 self.receiver.done(m)
