@@ -1,6 +1,7 @@
 """An optimizer step's micro-batches share one autocast region (``Trainer._casts_kept``): the
-float32 weights are cast to bfloat16 once a step, not once a micro-batch, and a step after an
-optimizer step never runs on the casts of the weights before it."""
+float32 weights are cast to bfloat16 once a step, not once a micro-batch, a step after an
+optimizer step never runs on the casts of the weights before it, and casts the backward would
+recompute are not kept."""
 
 from __future__ import annotations
 
@@ -68,3 +69,17 @@ def test_the_output_heads_weight_is_cast_once_an_optimizer_step(kw):
     assert counts[False] - counts[True] == micro - steps, (counts, micro)
     if steps == 1:
         assert counts[True] == 1
+
+
+@pytest.mark.parametrize("kw", [{"gradient_checkpointing": True}, {"logprob_chunk_tokens": 8}],
+                         ids=["activations recomputed", "log-probs in recomputed chunks"])
+def test_casts_the_backward_would_not_keep_are_not_kept(kw):
+    # there the backward recomputes the casts rather than keeping them: kept for the whole step,
+    # they would add the weights' bfloat16 copy to the peak the memory estimate counts
+    counts = {}
+    for keeps in (True, False):
+        trainer, batch = _trainer(keeps, **kw), _batch()
+        with HeadCasts(trainer.model.get_output_embeddings().weight.shape) as casts:
+            m = trainer.train_step(batch)
+        counts[keeps] = casts.count
+    assert counts[True] == counts[False] >= m["perf/micro_batches"] >= 2, counts

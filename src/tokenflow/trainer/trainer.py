@@ -99,9 +99,9 @@ class Trainer:
         loaded = load_policy(model, config, algorithm, self.device)
         self.model, self.reference, self.is_lora = loaded.model, loaded.reference, loaded.is_lora
         self.stochastic = loaded.stochastic
+        """What makes the train-mode forward random (dropout, router jitter); empty if nothing."""
         if self.sparse_embedding:
             sparse_tied_embedding(self.model)
-        """What makes the train-mode forward random (dropout, router jitter); empty if nothing."""
         if self.stochastic:
             log.info("the policy's forward is stochastic (%s): π_prox comes from a no-grad pass in eval mode",
                      ", ".join(self.stochastic))
@@ -208,7 +208,7 @@ class Trainer:
                 step_acc = Accumulator()
                 batches = self.batcher(mini.train)
                 first = epoch == 0 and k == 0
-                with self._casts_kept():
+                with self._casts_kept(batches):
                     for mb in batches:
                         self.stepper.accumulate(mb, adv, prox, old_values, mini.counts, step_acc, version=self.version,
                                                 fill_prox=first and fill, at_start=first, record=epoch == 0)
@@ -280,14 +280,20 @@ class Trainer:
                                      "if the engine does not record them set algorithm.behaviour_logprobs = false")
         return seqs
 
-    def _casts_kept(self):
-        """One autocast region over an optimizer step's micro-batches: autocast keeps its casts
-        of the float32 weights (the output head's [vocab, hidden] one above all) for the region's
-        length, so each is made once a step instead of once a micro-batch. The weights do not
-        change inside it (the optimizer steps after it), and the casts are the ones the backward
-        keeps anyway while a micro-batch runs. Sharded (FSDP) parameters are gathered anew each
-        forward: there it would keep full unsharded copies (``keeps_casts`` False)."""
-        return self.runner.autocast() if self.keeps_casts else contextlib.nullcontext()
+    def _casts_kept(self, batches):
+        """One autocast region over an optimizer step's micro-batches (``batches``): autocast
+        keeps its casts of the float32 weights (the output head's [vocab, hidden] one above all)
+        for the region's length, so each is made once a step instead of once a micro-batch. The
+        weights do not change inside it (the optimizer steps after it). Only where the casts it
+        keeps are ones each micro-batch's backward keeps anyway, so that the step's peak memory
+        (what the memory estimate counts) does not grow: not with activations recomputed
+        (``gradient_checkpointing``), nor where a micro-batch's log-probs run in recomputed
+        chunks (more targets than ``logprob_chunk_tokens``), and not for sharded (FSDP) weights,
+        gathered anew each forward (``keeps_casts`` False)."""
+        c = self.config
+        keeps = self.keeps_casts and not c.gradient_checkpointing and \
+            all(len(mb.targets) <= c.logprob_chunk_tokens for mb in batches)
+        return self.runner.autocast() if keeps else contextlib.nullcontext()
 
     def _scores_policy(self) -> bool:
         """Whether ``train_step`` runs no-grad passes through the policy's layers: π_prox where
