@@ -120,7 +120,10 @@ def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: i
             "--run.output_dir", str(out), "--run.steps", str(steps), "--run.seed", str(seed),
             "--model.path", w.model, "--sampling.max_tokens", str(w.max_tokens), "--trainer.lr", str(w.lr),
             "--run.checkpoint_every", str(save_every), "--run.keep_checkpoints", "1000",
-            "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]']
+            "--metrics.progress", "false", "--metrics.sinks", '["jsonl"]',
+            # The starting model is scored with `tokenflow eval` like every other point (and TRL
+            # evaluates nothing in its window): in the run it would share the engine with step 1.
+            "--run.baseline_eval", "false"]
     if staleness is not None:
         args += ["--rollout.max_staleness", str(staleness)]
     if eval_limit:

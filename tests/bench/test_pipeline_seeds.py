@@ -25,7 +25,8 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_two_seeds_print_mean_and_spread_of_both_modes(tmp_path):
     out = tmp_path / "bp"
-    r = bench("--seeds", "2", "--output-dir", str(out), *SMALL, "--run.steps", "2", "--run.seed", "5")
+    r = bench("--seeds", "2", "--output-dir", str(out), *SMALL, "--run.steps", "2", "--run.seed", "5",
+              "--runtime.lend_trainer_threads", "true")  # set: kept (off unless set, next test)
     assert r.returncode == 0, r.stderr[-4000:]
     text = r.stdout
     assert "seed 5: steps 2" in text and "seed 6: steps 2" in text
@@ -44,7 +45,7 @@ def test_two_seeds_print_mean_and_spread_of_both_modes(tmp_path):
             assert run["max_staleness"] == (0 if mode == "sync" else 1)
             assert result[f"{mode}_accuracy"] == run["final_accuracy"]
             cfg = (folder / mode / "config.toml").read_text()
-            assert f"seed = {seed}" in cfg
+            assert f"seed = {seed}" in cfg and "lend_trainer_threads = true" in cfg
     accs = [s["async_accuracy"] for s in per_seed]
     assert summary["async_accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
     assert summary["async_accuracy"]["sd"] == pytest.approx(abs(accs[0] - accs[1]) / 2 ** 0.5)
@@ -63,6 +64,10 @@ def test_one_seed_keeps_the_single_pair_layout(tmp_path):
     assert (out / "sync" / "summary.json").is_file() and (out / "async" / "summary.json").is_file()
     assert result["seed"] == 0 and 0.0 <= result["async_token_age_over_k_frac"] <= 1.0
     assert json.loads((out / "bench.json").read_text()) == result
+    # Not set: both runs keep their own threads (the ideal assumes each side as fast in both modes).
+    assert result["lend_trainer_threads"] is False
+    for mode in ("sync", "async"):
+        assert "lend_trainer_threads = false" in (out / mode / "config.toml").read_text()
 
 
 @pytest.mark.slow

@@ -25,6 +25,9 @@ CASES = {
     # Groups 0 and 2 got equal rewards: their sequences are skipped (zero advantage) before the
     # ranks split the rest.
     "grpo_flat_groups": ({}, {"lr": 1e-3, "micro_batch_tokens": 40}, "flat"),
+    # Each group's samples share their prompt: the ranks split groups, and each rank's rows hold
+    # its share of a group's samples after one copy of the prompt.
+    "grpo_shared_prompts": ({}, {"lr": 1e-3, "micro_batch_tokens": 40}, "shared"),
     # PPO mini-batches: 2 × 2 optimizer steps per batch, π_prox from the first forward and a pass.
     "ppo_mini_batches": ({"clip_low": 0.1, "clip_high": 0.1}, {"lr": 1e-2, "micro_batch_tokens": 40,
                                                               "mini_batches": 2, "epochs": 2}, False),
@@ -40,7 +43,8 @@ def build(case: str):
                                 model.config)
     else:
         model = tiny_model(seed=4, tie=tie is True)
-        rollouts = on_policy(tiny_model(seed=4, tie=tie is True), make_rollouts(seed=9, groups=4))
+        rollouts = on_policy(tiny_model(seed=4, tie=tie is True),
+                             make_rollouts(seed=9, groups=4, same_prompt=tie == "shared"))
         for r in rollouts:
             if tie == "flat" and r.group_id in (0, 2):
                 r.reward = 1.0

@@ -47,7 +47,10 @@ def test_two_fsdp_ranks_match_one_process(two_ranks, case):
         for key in KEYS:
             if key in w:
                 assert g[key] == pytest.approx(w[key], abs=1e-5, rel=1e-5), key
-        assert g["perf/train_tokens"] == w["perf/train_tokens"]  # every token trained once
+        # every token trained once (a prompt once per rank that holds samples of its group)
+        assert g["perf/train_tokens"] + g["perf/shared_prompt_tokens"] == \
+            w["perf/train_tokens"] + w["perf/shared_prompt_tokens"]
+        assert (g["perf/shared_prompt_tokens"] > 0) == (w["perf/shared_prompt_tokens"] > 0) == (case == "grpo_shared_prompts")
         assert g["perf/trainer_ranks"] == 2.0
         assert g["perf/skipped_sequences"] == w["perf/skipped_sequences"] == (8 if case == "grpo_flat_groups" else 0)
     ref = dict(single.named_weights())

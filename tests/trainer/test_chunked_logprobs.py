@@ -5,7 +5,7 @@ import torch
 
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig
-from tokenflow.trainer.logprobs import SupportMask, chunked_token_logprobs, token_logprobs
+from tokenflow.trainer.logprobs import SupportMask, chunked_token_logprobs, sampling_logits, token_logprobs
 from tests.trainer.trainer_testlib import make_rollouts, on_policy, tiny_model
 
 N, H, V = 37, 8, 50
@@ -64,6 +64,27 @@ def test_whole_micro_batch_keeps_every_logit_for_backward():
     hidden, head, targets, temperature, support = _inputs()
     _, saved = _saved_numels(lambda: token_logprobs(head(hidden), targets, temperature, support, entropy_grad=True))
     assert max(saved) >= N * V
+
+
+def test_entropy_without_a_gradient_is_the_guarded_one_on_masked_rows():
+    # Without a gradient the entropy skips the guard against masked (−inf) logits: the same
+    # values, finite on the rows a support truncates.
+    hidden, head, targets, temperature, support = _inputs()
+    logits = head(hidden).detach()
+    guarded = token_logprobs(logits.requires_grad_(), targets, temperature, support, entropy_grad=True)[1]
+    with torch.no_grad():
+        plain = token_logprobs(logits, targets, temperature, support)[1]
+    assert torch.isfinite(plain).all()
+    assert torch.equal(plain, guarded.detach())  # the same products summed in the same order
+
+
+def test_half_precision_logits_are_tempered_in_float32_in_one_pass():
+    hidden, head, targets, temperature, support = _inputs()
+    for dtype in (torch.bfloat16, torch.float16):
+        logits = head(hidden).detach().to(dtype)
+        got = sampling_logits(logits, temperature)
+        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+        assert got.dtype == torch.float32 and torch.equal(got, logits.float() / t.unsqueeze(-1))
 
 
 def test_support_slices_reindex_their_rows():

@@ -65,8 +65,9 @@ def _trainer(**kw) -> Trainer:
     return Trainer(tiny_model(seed=2), cfg, AlgorithmConfig(), version=0)
 
 
+@pytest.mark.parametrize("same_prompt", [False, True], ids=["own prompts", "shared prompts"])
 @pytest.mark.parametrize("kw", [{}, {"mini_batches": 2}], ids=["one step a batch", "no-grad pass for pi_prox"])
-def test_the_trainer_compiles_before_its_first_batch_and_not_inside_a_step(kw):
+def test_the_trainer_compiles_before_its_first_batch_and_not_inside_a_step(kw, same_prompt):
     trainer = _trainer(**kw)
     layers = decoder_layers(trainer.model)
     assert layers and all(is_compiled(layer) for layer in layers)
@@ -81,9 +82,11 @@ def test_the_trainer_compiles_before_its_first_batch_and_not_inside_a_step(kw):
     trainer.batcher = counting
     # behaviour log-probs from an eager copy of the same weights (a no-grad pass through the
     # compiled layers would compile a graph of its own)
-    rollouts = on_policy(tiny_model(seed=2), make_rollouts(seed=5, groups=4, per_group=4))
+    rollouts = on_policy(tiny_model(seed=2), make_rollouts(seed=5, groups=4 * (1 + same_prompt), per_group=4 // (1 + same_prompt),
+                                                           same_prompt=same_prompt))
     compiled = _graphs()
     m = trainer.train_step(rollouts)
+    assert (m["perf/shared_prompt_tokens"] > 0) == same_prompt  # rows with their own mask were trained
     if not kw:
         assert 1 in rows and max(rows) > 1, rows  # both kinds of micro-batch were trained
     assert _graphs() == compiled  # the start-up compile covered them

@@ -35,15 +35,19 @@ def reference_logprobs(model, r: Rollout, support=None) -> np.ndarray:
 
 
 def make_rollouts(seed: int = 0, groups: int = 3, per_group: int = 4, max_prompt: int = 8,
-                  max_completion: int = 12, temperature: float = 1.0, version: int = 0) -> list[Rollout]:
+                  max_completion: int = 12, temperature: float = 1.0, version: int = 0,
+                  same_prompt: bool = False) -> list[Rollout]:
+    """Random rollouts; ``same_prompt``: a group's samples share their prompt, as in GRPO."""
     rng = np.random.default_rng(seed)
     out = []
     for g in range(groups):
+        shared = rng.integers(0, VOCAB, int(rng.integers(1, max_prompt))) if same_prompt else None
         for k in range(per_group):
             p, c = int(rng.integers(1, max_prompt)), int(rng.integers(1, max_completion))
             mask = (rng.random(c) > 0.2).astype(np.int8)
             mask[0] = 1
-            out.append(Rollout(prompt_ids=rng.integers(0, VOCAB, p), completion_ids=rng.integers(0, VOCAB, c),
+            prompt = shared if shared is not None else rng.integers(0, VOCAB, p)
+            out.append(Rollout(prompt_ids=prompt, completion_ids=rng.integers(0, VOCAB, c),
                                logprobs=np.zeros(c), versions=np.full(c, version), loss_mask=mask,
                                group_id=g, sample_index=k, reward=float(rng.integers(0, 2) + 0.1 * k),
                                temperature=temperature))

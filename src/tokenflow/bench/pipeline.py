@@ -5,7 +5,11 @@ Both runs use the same config, seed and number of optimizer steps; only
 training windows (first admission to last optimizer step), which is what asynchrony changes;
 start-up and the two evaluations are reported separately. The ideal async/sync ratio
 max(G, T) / (G + T) uses the per-step generation time G and training time T measured by the
-synchronous run, so the async result can be read against its limit.
+synchronous run, so the async result can be read against its limit. That limit assumes each side
+runs as fast in both modes, so both runs keep their own threads (``runtime.lend_trainer_threads``
+off, unless the config or an override sets it): lent, the synchronous run's engine would generate
+on the trainer's threads too, since its trainer waits through every generation, which an
+asynchronous engine cannot.
 
 ``--seeds N`` repeats the pair for seeds run.seed … run.seed + N − 1 (each pair in
 ``seed<S>/sync`` and ``seed<S>/async`` with its own ``bench.json``) and prints the mean and
@@ -72,6 +76,10 @@ def run(args, overrides: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if "lend_trainer_threads" not in base.runtime.model_fields_set:
+        base.runtime.lend_trainer_threads = False  # the ideal assumes G and T the same in both modes
+        logger.info("bench pipeline: each side on its own threads in both runs (runtime.lend_trainer_threads "
+                    "off; set it to compare with it)")
     out = Path(args.output_dir or f"runs/bench-pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         print(f"error: {out} exists; choose another --output-dir", file=sys.stderr)
@@ -165,6 +173,7 @@ def _one_seed(base, out: Path, k: int, seed: int) -> dict:
         "ideal_async_over_sync": max(g, t) / (g + t), "sync_gen_s_per_step": g, "sync_train_s_per_step": t,
         "sync_trainer_idle_frac": s["trainer_idle_frac"], "async_trainer_idle_frac": a["trainer_idle_frac"],
         "sync_engine_idle_frac": s["engine_idle_frac"], "async_engine_idle_frac": a["engine_idle_frac"],
+        "lend_trainer_threads": base.runtime.lend_trainer_threads,
         "baseline_accuracy": s["baseline_accuracy"],
         "sync_accuracy": s["final_accuracy"], "async_accuracy": a["final_accuracy"],
         "async_token_age_over_k_frac": _over_k(a["token_age_histogram"], k),

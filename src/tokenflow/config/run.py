@@ -23,6 +23,11 @@ class RunConfig(ConfigModel):
     """Evaluate held-out greedy accuracy every N steps (0: only before and after training)."""
     eval_limit: int | None = Field(default=None, ge=1)
     """Evaluate on at most this many held-out prompts (None: the whole split)."""
+    baseline_eval: bool = True
+    """Evaluate the starting model (step 0) while the first batches generate. False: skip it
+    (``baseline_accuracy`` is null), e.g. where the starting model was scored already: the
+    evaluation shares the engines with the first batch and delays step 1 (the TRL benchmark
+    scores every model, the starting one included, with `tokenflow eval`)."""
     checkpoint_every: int = Field(default=10, ge=0)
     """Write a checkpoint every N steps (0: only at the end, unless ``final_checkpoint`` is false)."""
     final_checkpoint: bool = True

@@ -68,6 +68,13 @@ class RuntimeConfig(ConfigModel):
     restart_window_s: float = Field(default=60.0, ge=0)
     """A worker that dies again within this many seconds of being replaced stops the run
     instead (a crash loop is not healed); 0 turns the check off."""
+    lend_trainer_threads: bool = True
+    """Local backend, CPU, with ``engine.threads`` and ``trainer.threads`` both set: while the
+    trainer waits for a batch, the engines take its threads, and give them back as a batch goes to
+    it (at the next decode step). On a machine whose cores the two share, the side that waits
+    lends its cores to the side that works (docs/performance.md, "Lending the trainer's threads").
+    False: the engines keep ``engine.threads`` until the last step (they take the trainer's
+    threads for the final evaluation either way)."""
     check_memory: bool = True
     """Before any process starts, estimate each worker's peak host memory (weights, gradients
     and AdamW state, activations × trainer.micro_batch_tokens, logits, the engine's KV cache;

@@ -97,6 +97,16 @@ class TrainerConfig(ConfigModel):
     (``policy/entropy``, ``policy/approx_kl``, ``offpolicy/*``) then cover the trained sequences
     only. ``perf/skipped_sequences`` and ``perf/skipped_tokens`` count what was left out."""
 
+    share_prompts: bool = True
+    """Forward a group's prompt once for all its samples (the engine prefills it once too): a row
+    holds the prompt, then each sample's completion, under a mask that keeps each completion to
+    the prompt and itself, so the logits and gradients are those of separate rows up to float
+    rounding. With prompts longer than completions this is most of the trainer's work saved
+    (docs/performance.md, "Shared prompts"). Applies where the model's attention takes an
+    explicit mask (``attn_implementation`` eager or sdpa, no sliding window) and not to
+    sequences with a Keep Routing record; elsewhere the trainer says why it is off.
+    ``perf/shared_prompt_tokens`` counts the tokens not forwarded."""
+
     pack_sequences: bool = True
     """Pack several sequences per forward row (position ids restart per sequence). Turn off for
     models whose attention does not honour packed position ids: one sequence per row then."""

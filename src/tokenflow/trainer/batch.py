@@ -7,7 +7,9 @@ score, the behaviour log-prob to compare against, and which tokens count in the 
 Packing puts several sequences end to end in one row with ``position_ids`` restarting at 0 per
 sequence and no attention mask. Transformers (≥ 5) reads the restarts as sequence boundaries and
 builds a block-diagonal causal mask, so a packed row gives the same logits as each sequence alone
-and no compute is spent on padding.
+and no compute is spent on padding. With ``trainer.share_prompts`` a group's samples first become
+units that hold their prompt once (`shared_prompts`); a micro-batch with such a unit carries its
+own attention mask.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from tokenflow.algorithms.corrections import version_keep
 from tokenflow.rollout import Rollout
+from tokenflow.trainer.shared_prompts import block_mask, prompt_groups, unit_width
 
 
 @dataclass
@@ -100,6 +103,19 @@ def pack(lengths: list[int], budget: int, packed: bool = True) -> list[list[int]
     return [sorted(r) for r in rows]
 
 
+def prompt_units(seqs: list[TrainSequence], budget: int) -> list[list[int]]:
+    """Indices of ``seqs`` grouped into units (`shared_prompts`): sequences with the same prompt in
+    as few units as fit ``budget`` tokens each (the prompt once, plus each member's tokens after
+    it: `pack` on those tails), every other sequence a unit of its own."""
+    units: list[list[int]] = []
+    for members in prompt_groups(seqs):
+        prompt = seqs[members[0]].prompt_len
+        tails = [len(seqs[i].input_ids) - prompt for i in members]
+        cut = pack(tails, budget - prompt) if len(members) > 1 else [[0]]
+        units.extend([members[j] for j in part] for part in cut)
+    return units
+
+
 @dataclass
 class MicroBatch:
     """Rows of packed sequences (padded to one width) and the flat per-target tensors."""
@@ -123,6 +139,11 @@ class MicroBatch:
     them), where any sequence of the micro-batch has a record; see `keep_routing`."""
     routing_has: torch.Tensor | None = None
     """[B·W] bool: the positions ``routing`` covers (not padding, not unrecorded sequences)."""
+    attention_mask: torch.Tensor | None = None
+    """[B, 1, W, W] bool, where rows hold shared prompts (`shared_prompts`): which positions each
+    position attends to. None: transformers builds the mask from the position ids."""
+    shared_tokens: int = 0
+    """Prompt tokens not forwarded because their group's samples share them."""
 
     @property
     def num_seqs(self) -> int:
@@ -159,30 +180,62 @@ def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "
     Padding gets position ids restarting at 0, so the model reads it as one more (ignored)
     sequence of the row and no real token attends to it.
     """
-    width = max(sum(len(s.input_ids) for s in row) for row in rows)
+    return collate_units([[[s] for s in row] for row in rows], device)
+
+
+def collate_units(rows: list[list[list[TrainSequence]]], device: torch.device | str = "cpu",
+                  own_mask: bool = False) -> MicroBatch:
+    """Rows of units, padded at the end to the widest row. A unit is one sequence, or several with
+    the same prompt laid out as `shared_prompts` describes (the prompt once, then each one's
+    tokens after it). The micro-batch carries its attention mask where a unit is shared, and
+    with ``own_mask`` always: a trainer that shares prompts gives its compiled layers one kind of
+    mask (the one their warm-up compiled), whatever the micro-batch holds."""
+    width = max(sum(unit_width(u) for u in row) for row in rows)
     ids = np.zeros((len(rows), width), dtype=np.int64)
     pos = np.zeros((len(rows), width), dtype=np.int64)
-    seqs = [s for row in rows for s in row]
+    segment = np.zeros((len(rows), width), dtype=np.int64)
+    parent = np.full((len(rows), width), -1, dtype=np.int64)
+    seqs = [s for row in rows for u in row for s in u]
     tpos, sidx = [], []
     sup_index, members, sup_rows = [], [], []
-    n = k = 0
+    n = k = seg = 0
+    shared = own_mask
     for b, row in enumerate(rows):
         offset = 0
-        for s in row:
-            length = len(s.input_ids)
-            ids[b, offset:offset + length] = s.input_ids
-            pos[b, offset:offset + length] = np.arange(length)
-            tpos.append(b * width + offset + s.prompt_len - 1 + np.arange(len(s.targets)))
-            sidx.append(np.full(len(s.targets), k))
-            for t, sup in enumerate(s.support or ()):
-                if sup is not None:
-                    sup_rows.append(n + t)
-                    sup_index.append(np.full(len(sup), n + t))
-                    members.append(np.asarray(sup))
-            offset += length
-            n += len(s.targets)
-            k += 1
+        for unit in row:
+            prompt = unit[0].prompt_len if len(unit) > 1 else 0
+            if prompt:  # the shared prompt, then each sequence's tokens after it
+                shared = True
+                ids[b, offset:offset + prompt] = unit[0].input_ids[:prompt]
+                pos[b, offset:offset + prompt] = np.arange(prompt)
+                segment[b, offset:offset + prompt] = seg
+                home, seg, offset = seg, seg + 1, offset + prompt
+                prompt_end = offset - 1  # predicts every member's first target
+            for s in unit:
+                tail = s.input_ids[prompt:]
+                ids[b, offset:offset + len(tail)] = tail
+                pos[b, offset:offset + len(tail)] = prompt + np.arange(len(tail))
+                segment[b, offset:offset + len(tail)] = seg
+                # input position j of the sequence sits at offset + j − prompt (j ≥ prompt), or
+                # in the shared prompt (j < prompt): only its first target is predicted there
+                where = offset - prompt + s.prompt_len - 1 + np.arange(len(s.targets))
+                if prompt:
+                    parent[b, offset:offset + len(tail)] = home
+                    where[0] = prompt_end
+                tpos.append(b * width + where)
+                sidx.append(np.full(len(s.targets), k))
+                for t, sup in enumerate(s.support or ()):
+                    if sup is not None:
+                        sup_rows.append(n + t)
+                        sup_index.append(np.full(len(sup), n + t))
+                        members.append(np.asarray(sup))
+                offset += len(tail)
+                n += len(s.targets)
+                k += 1
+                seg += 1
         pos[b, offset:] = np.arange(width - offset)
+        segment[b, offset:] = seg
+        seg += 1
 
     def t(parts, dtype):
         return torch.from_numpy(np.concatenate(parts)).to(dtype=dtype, device=device)
@@ -192,6 +245,7 @@ def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "
     if sup_rows:
         support_rows = torch.tensor(sup_rows, dtype=torch.long, device=device)
         support_pairs = (t(sup_index, torch.long), t(members, torch.long))
+    forwarded = sum(unit_width(u) for row in rows for u in row)
     return MicroBatch(
         seqs=seqs, input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(pos).to(device),
         target_pos=t(tpos, torch.long), targets=t([s.targets for s in seqs], torch.long),
@@ -200,25 +254,28 @@ def collate_rows(rows: list[list[TrainSequence]], device: torch.device | str = "
         mask=t([s.keep for s in seqs], torch.bool), seq_index=t(sidx, torch.long),
         versions=t([s.versions for s in seqs], torch.long),
         support_rows=support_rows, support_pairs=support_pairs,
-        num_tokens=sum(len(s.input_ids) for s in seqs), routing=routing, routing_has=routing_has,
+        num_tokens=forwarded, routing=routing, routing_has=routing_has,
+        attention_mask=block_mask(segment, parent).to(device) if shared else None,
+        shared_tokens=sum(len(s.input_ids) for s in seqs) - forwarded,
     )
 
 
-def _routing(rows: list[list[TrainSequence]], width: int, device):
-    """The recorded experts laid out like the packed rows (flattened), and where they apply."""
-    shape = next((s.routing.shape[1:] for row in rows for s in row if s.routing is not None), None)
+def _routing(rows: list[list[list[TrainSequence]]], width: int, device):
+    """The recorded experts laid out like the rows of units (flattened), and where they apply.
+    Sequences with a record are never shared (`shared_prompts.prompt_key`)."""
+    shape = next((s.routing.shape[1:] for row in rows for u in row for s in u if s.routing is not None), None)
     if shape is None:
         return None, None
     experts = np.zeros((len(rows), width, *shape), dtype=np.int64)
     has = np.zeros((len(rows), width), dtype=bool)
     for b, row in enumerate(rows):
         offset = 0
-        for s in row:
-            length = len(s.input_ids)
-            if s.routing is not None:
-                experts[b, offset:offset + length] = s.routing
-                has[b, offset:offset + length] = True
-            offset += length
+        for unit in row:
+            s = unit[0]
+            if len(unit) == 1 and s.routing is not None:
+                experts[b, offset:offset + len(s.input_ids)] = s.routing
+                has[b, offset:offset + len(s.input_ids)] = True
+            offset += unit_width(unit)
     return (torch.from_numpy(experts.reshape(-1, *shape)).to(device),
             torch.from_numpy(has.reshape(-1)).to(device))
 
@@ -242,28 +299,38 @@ def stack_rows(widths: list[int], budget: int, max_rows: int | None = None) -> l
 
 def micro_batches(seqs: list[TrainSequence], budget: int, packed: bool = True,
                   device: torch.device | str = "cpu", row_tokens: int | None = None,
-                  max_rows: int | None = None) -> list[MicroBatch]:
+                  max_rows: int | None = None, share_prompts: bool = False,
+                  own_masks: bool = False) -> list[MicroBatch]:
     """Pack ``seqs`` into rows of at most ``row_tokens`` and stack rows into micro-batches of
-    at most ``budget`` padded tokens (``max_rows=1``: one row per micro-batch)."""
+    at most ``budget`` padded tokens (``max_rows=1``: one row per micro-batch). With
+    ``share_prompts``, sequences with the same prompt first form units that hold it once
+    (`prompt_units`, each within the row budget); units are packed like sequences
+    (``packed=False``: a row each). ``own_masks``: every micro-batch carries its mask
+    (`collate_units`)."""
     row_budget = min(row_tokens or budget, budget)
-    rows = pack([len(s.input_ids) for s in seqs], row_budget, packed)
-    widths = [sum(len(seqs[i].input_ids) for i in row) for row in rows]
-    return [collate_rows([[seqs[i] for i in rows[r]] for r in group], device)
+    units = prompt_units(seqs, row_budget) if share_prompts else [[i] for i in range(len(seqs))]
+    units = [[seqs[i] for i in u] for u in units]
+    rows = pack([unit_width(u) for u in units], row_budget, packed)
+    widths = [sum(unit_width(units[i]) for i in row) for row in rows]
+    return [collate_units([[units[i] for i in rows[r]] for r in group], device, own_mask=own_masks)
             for group in stack_rows(widths, budget, max_rows)]
 
 
 @dataclass
 class MicroBatcher:
     """How a trainer cuts sequences into micro-batches: ``trainer.micro_batch_tokens``,
-    ``pack_sequences`` and ``pack_row_tokens``, one row per micro-batch when a runner cannot run
-    several (``max_rows = 1``). A sharded trainer's batcher keeps its rank's share."""
+    ``pack_sequences``, ``pack_row_tokens`` and ``share_prompts`` (with ``own_masks`` for
+    compiled layers), one row per micro-batch when a runner cannot run several (``max_rows = 1``). A sharded trainer's batcher keeps its rank's
+    share."""
 
     budget: int
     packed: bool
     device: torch.device | str
     row_tokens: int | None = None
     max_rows: int | None = None
+    share_prompts: bool = False
+    own_masks: bool = False
 
     def __call__(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
-        return micro_batches(seqs, self.budget, self.packed, self.device,
-                             row_tokens=self.row_tokens, max_rows=self.max_rows)
+        return micro_batches(seqs, self.budget, self.packed, self.device, row_tokens=self.row_tokens,
+                             max_rows=self.max_rows, share_prompts=self.share_prompts, own_masks=self.own_masks)

@@ -87,7 +87,8 @@ class ShardedRunner(CausalLMRunner):
     def _rows(self, mb: MicroBatch, want_hidden: bool):
         with self.autocast():
             logits, hidden = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                        attention_mask=None, use_cache=False, tokenflow_rows=mb.target_pos)
+                                        attention_mask=self.attention_mask(mb), use_cache=False,
+                                        tokenflow_rows=mb.target_pos)
         return logits, (hidden if want_hidden else None)
 
 
@@ -107,7 +108,8 @@ class ShardedBatcher(MicroBatcher):
     micro-batches up to the busiest rank's count."""
 
     def __init__(self, batcher: MicroBatcher, group: RankGroup) -> None:
-        super().__init__(batcher.budget, batcher.packed, batcher.device, batcher.row_tokens, batcher.max_rows)
+        super().__init__(batcher.budget, batcher.packed, batcher.device, batcher.row_tokens, batcher.max_rows,
+                         batcher.share_prompts, batcher.own_masks)
         self.group = group
 
     def __call__(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
@@ -294,11 +296,11 @@ class FSDPTrainer(Trainer):
 
     def train_step(self, rollouts, *, global_counts=None) -> dict[str, float]:
         metrics = super().train_step(rollouts, global_counts=global_counts)
-        local = torch.tensor([metrics["perf/train_tokens"], metrics["perf/micro_batches"]],
-                             dtype=torch.float64, device=self.device)
-        tokens, mbs = self.group.all_reduce(local).tolist()
+        local = torch.tensor([metrics["perf/train_tokens"], metrics["perf/micro_batches"],
+                              metrics["perf/shared_prompt_tokens"]], dtype=torch.float64, device=self.device)
+        tokens, mbs, shared = self.group.all_reduce(local).tolist()
         metrics["perf/tokens_per_s"] *= tokens / max(metrics["perf/train_tokens"], 1.0)
-        metrics.update({"perf/train_tokens": tokens, "perf/micro_batches": mbs,
+        metrics.update({"perf/train_tokens": tokens, "perf/micro_batches": mbs, "perf/shared_prompt_tokens": shared,
                         "perf/trainer_ranks": float(self.group.world)})
         return metrics
 

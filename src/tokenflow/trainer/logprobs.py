@@ -63,8 +63,10 @@ class SupportMask:
 def sampling_logits(logits: torch.Tensor, temperature: torch.Tensor,
                     support: SupportMask | None = None) -> torch.Tensor:
     """logits [n, V] → float32 logits of the sampling distribution (tempered, support-masked)."""
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    out = logits.float() / t.to(torch.float32).unsqueeze(-1)
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32).unsqueeze(-1)
+    # Half-precision logits divided by float32 temperatures come out float32 (type promotion):
+    # one pass over [n, V] where .float() and then / made two, with the same values.
+    out = logits / t if logits.dtype in (torch.bfloat16, torch.float16) else logits.float() / t
     if support is not None:
         masked = out[support.rows].masked_fill(~support.keep, float("-inf"))
         out = out.index_put((support.rows,), masked)
@@ -82,11 +84,16 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
     logp_all = torch.log_softmax(z, dim=-1)
     logp = logp_all.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            # −Σ p log p with 0·log 0 = 0: masked entries are −∞ and must not make NaNs.
-            safe = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
-            entropy = -(safe.exp() * safe).sum(-1)
+    if with_entropy and entropy_grad and torch.is_grad_enabled():
+        # −Σ p log p with 0·log 0 = 0: masked entries are −∞ and must make neither NaNs nor NaN
+        # gradients (0 · −∞ in the product's backward).
+        safe = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
+        entropy = -(safe.exp() * safe).sum(-1)
+    elif with_entropy:
+        with torch.no_grad():
+            # No gradient: an entry at −∞ gives 0 · −∞ = NaN, which nansum counts as the 0 it is;
+            # three passes over [n, V] where the guard above makes several more.
+            entropy = -(logp_all.exp() * logp_all).nansum(-1)
     return logp, entropy
 
 

@@ -120,9 +120,16 @@ class Trainer:
             from tokenflow.trainer.model.lora import BaseModelRunner
 
             self.ref_runner = BaseModelRunner(self.runner)
+        self.shares_prompts = self._shares_prompts()
+        """``trainer.share_prompts``, where the models can run shared rows (else said why, once)."""
         compiled = compile_layers(self.model, self.device) if config.compile_layers else 0
+        # Compiled layers get the trainer's own mask in every micro-batch, shared or not: one kind
+        # of mask, the kind the warm-up compiled (eager layers keep transformers' own where
+        # nothing is shared, e.g. sdpa's causal kernel on a single sequence).
+        self.own_masks = self.shares_prompts and compiled > 0
         if compiled:
-            took = warm_up(self.runner, self.runner.vocab_size, scoring=self._scores_policy())
+            took = warm_up(self.runner, self.runner.vocab_size, scoring=self._scores_policy(),
+                           own_masks=self.own_masks)
             if took is not None:
                 log.info("trainer.compile_layers: %d layers compiled in %.1f s", compiled, took)
         groups = self._param_groups()
@@ -136,7 +143,8 @@ class Trainer:
         c = self.config
         rows_ok = all(r.supports_rows for r in (self.runner, self.ref_runner) if r is not None)
         self.batcher = MicroBatcher(c.micro_batch_tokens, c.pack_sequences, self.device,
-                                    row_tokens=c.pack_row_tokens, max_rows=None if rows_ok else 1)
+                                    row_tokens=c.pack_row_tokens, max_rows=None if rows_ok else 1,
+                                    share_prompts=self.shares_prompts, own_masks=self.own_masks)
         self.passes = NoGradPasses(algorithm=self.algorithm, model=self.model, runner=self.runner,
                                    ref_runner=self.ref_runner, value_head=self.value_head, routing=self.routing,
                                    batcher=self.batcher, chunk=c.logprob_chunk_tokens)
@@ -147,6 +155,13 @@ class Trainer:
                                      tokenizer=self.tokenizer)
         self.checkpoints = TrainingState(model=self.model, is_lora=self.is_lora, value_head=self.value_head,
                                          optimizer=self.optimizer, scheduler=self.scheduler)
+
+    def _shares_prompts(self) -> bool:
+        runners = [r for r in (self.runner, self.ref_runner) if r is not None]
+        blocker = next((r.sharing_blocker for r in runners if r.sharing_blocker), None)
+        if self.config.share_prompts and blocker:
+            log.info("trainer.share_prompts: off (%s); every sample forwards its prompt", blocker)
+        return self.config.share_prompts and blocker is None
 
     def _param_groups(self) -> list[dict]:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -197,7 +212,7 @@ class Trainer:
             prox = (self.passes.prox_and_values(later, len(live), want_prox=True)[0] if later
                     else [np.zeros(0, dtype=np.float32)] * len(live))
         acc, log_ = Accumulator(), StepLog()
-        forwarded = n_micro = 0
+        forwarded = n_micro = shared = 0
         # Every rank sees the whole batch, so every rank computes the same factor.
         scale = staleness_lr_scale(self._trained_age([s for m in minis for s in m.train]), c)
         scheduled = [g["lr"] for g in self.optimizer.param_groups]
@@ -220,6 +235,7 @@ class Trainer:
                 log_.add(*self.stepper.optimizer_step(step_acc))
                 acc.merge(step_acc)
                 forwarded += sum(mb.num_tokens for mb in batches)
+                shared += sum(mb.shared_tokens for mb in batches)
                 n_micro += len(batches)
         for g, lr in zip(self.optimizer.param_groups, scheduled):
             g["lr"] = lr
@@ -237,6 +253,7 @@ class Trainer:
             "perf/sequences": float(len(trained)), "perf/failed_rollouts": float(len(rollouts) - len(live)),
             "perf/skipped_sequences": float(len(skipped)),
             "perf/skipped_tokens": float(sum(len(s.input_ids) for s in skipped)),
+            "perf/shared_prompt_tokens": float(shared),
             "perf/micro_batches": float(n_micro), "perf/tokens_per_s": forwarded / max(elapsed, 1e-9),
             "time/train_s": elapsed,
         })

@@ -73,16 +73,64 @@ def test_the_baseline_is_logged_before_step_one_and_every_phase_is_recorded(tmp_
 
 
 @pytest.mark.slow
-def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
-    """Engine and trainer pinned to a thread each: after the last step the engine takes the
-    trainer's thread for the final evaluation, and not before."""
-    run = tmp_path / "run"
-    summary = train(small_config("--run.steps", "2", "--metrics.trace", "true"), run)
+def test_without_the_baseline_evaluation_step_one_waits_only_for_its_batch(tmp_path):
+    """``run.baseline_eval = false``: no step-0 evaluation (none logged, none in the summary),
+    the final one still runs, and the summary says why the starting accuracy is missing."""
+    from tokenflow.runtime.view.summary import summary_rows
+
+    summary = train(small_config("--run.steps", "2", "--run.baseline_eval", "false"), tmp_path / "run")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [2]
+    assert "baseline_eval_start" not in summary["phases"]["marks"]
+    assert summary["baseline_accuracy"] is None and summary["final_accuracy"] is not None
+    accuracy = dict(summary_rows(summary))["held-out accuracy"]
+    assert accuracy.startswith(f"{summary['final_accuracy']:.3f}") and "run.baseline_eval = false" in accuracy
+
+
+def _threads_and_steps(run):
+    """The thread counts the orchestrator sent and the engine took, each (time, threads) in
+    order, and the trainer's steps (start, end)."""
     events = [e for f in (run / "trace").glob("*.jsonl") for e in read_jsonl(f)]
-    handed = [e for e in events if e.get("name") == "engine/threads"]
-    assert [e["args"]["threads"] for e in handed] == [2]
-    last_step_end = max(e["ts"] + e["dur"] for e in events if e.get("name") == "trainer/step")
-    assert handed[0]["ts"] >= last_step_end
+
+    def changes(name):
+        return sorted((e["ts"], e["args"]["threads"]) for e in events if e.get("name") == name)
+
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "trainer/step")
+    return changes("orchestrator/engine_threads"), changes("engine/threads"), steps
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_gets_the_trainers_threads(tmp_path):
+    """Engine and trainer pinned to a thread each, no lending during the run: after the last step
+    the engine takes the trainer's thread for the final evaluation, and not before."""
+    run = tmp_path / "run"
+    summary = train(small_config("--run.steps", "2", "--metrics.trace", "true",
+                                 "--runtime.lend_trainer_threads", "false"), run)
+    sent, handed, steps = _threads_and_steps(run)
+    assert [threads for _, threads in handed] == [threads for _, threads in sent] == [2]
+    assert handed[0][0] >= steps[-1][1]
+    assert summary["final_accuracy"] is not None
+
+
+@pytest.mark.slow
+def test_the_engine_takes_the_trainers_threads_while_it_waits(tmp_path):
+    """``runtime.lend_trainer_threads`` (the default): the engine runs on the trainer's thread too
+    while the trainer waits for a batch. The orchestrator takes it back before it sends a batch
+    and lends it only once the step's result is in, so no step starts or runs while it is lent (the
+    engine takes each message at its next decode step, which under load may come after a short
+    step ended); a message goes out only when the count changes, and each reaches the engine."""
+    run = tmp_path / "run"
+    summary = train(small_config("--run.steps", "4", "--metrics.trace", "true"), run)
+    sent, handed, steps = _threads_and_steps(run)
+    counts = [threads for _, threads in sent]
+    assert [threads for _, threads in handed] == counts
+    assert set(counts) == {1, 2} and counts[-1] == 2  # lent, given back, and lent for the final evaluation
+    assert all(a != b for a, b in zip(counts, counts[1:]))
+    assert any(threads == 2 and ts < steps[-1][0] for ts, threads in sent)  # lent before the last step
+    for start, end in steps:
+        before = [threads for ts, threads in sent if ts <= start]
+        assert not before or before[-1] == 1, (start, sent)
+        assert not [ts for ts, _ in sent if start < ts < end], (start, end, sent)
     assert summary["final_accuracy"] is not None
 
 

@@ -55,8 +55,9 @@ class Backend(Protocol):
     def locked_engines(self) -> list[str]:
         """Engines whose command queue a killed trainer left locked."""
 
-    def lend_trainer_threads(self) -> None:
-        """The trainer is idle for the rest of the run: its CPU threads go to the engines."""
+    def lend_trainer_threads(self, lend: bool = True) -> None:
+        """The trainer is idle (waiting for a batch, or done): its CPU threads go to the engines;
+        ``lend=False`` gives them back before it trains."""
 
     def shutdown(self) -> None:
         """Stop every worker and release what the backend holds."""

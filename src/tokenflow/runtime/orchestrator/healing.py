@@ -199,6 +199,9 @@ class Healer:
         state.trainer_busy, state.trainer_ready = True, False
         for name in backend.locked_engines():  # killed mid-write into it: new queues (not counted)
             self._replace_engine(name, self.policy.counts[name], "the dead trainer left its command queue locked")
+        # The new trainer loads on its own threads. After the queues a dead writer left locked are
+        # replaced: a message into one of those would never leave.
+        backend.lend_trainer_threads(False)
         backend.replace_trainer(ckpt if ckpt is not None and restored > start else None)
         state.last_msg_from[backend.trainer.name] = time.monotonic()
         self.replay = replay

@@ -190,6 +190,7 @@ class Orchestrator:
         s.last_msg_from[self.backend.trainer.name] = time.monotonic()
         if step == 1:
             phases.mark("step1_dispatched")
+        self.backend.lend_trainer_threads(False)  # before it trains: the engines give its threads back
         train = M.Train(step, rollouts, sync_weights=sync)
         self.healer.train_sent(train)  # kept until a checkpoint covers it: a new trainer replays it
         self.backend.trainer.send(train)
@@ -294,7 +295,7 @@ class Orchestrator:
                 self.wait_for(lambda: not s.trainer_busy, "the trainer to load", 600)
             if hasattr(self.scorer, "ready"):  # token scorers (a teacher) load their models first
                 self.wait_for(self.scorer.ready, "the token scorers to load", 600)
-            if s.baseline_accuracy is None:
+            if s.baseline_accuracy is None and cfg.run.baseline_eval:
                 self.progress.status("evaluating the starting model")
                 phases.mark("baseline_eval_start")
                 self.heldout.start()
@@ -315,6 +316,8 @@ class Orchestrator:
                 self.collect_scored()
                 self._poll_baseline()
                 self.maybe_dispatch()
+                if cfg.runtime.lend_trainer_threads and s.trainer_ready and not s.trainer_busy:
+                    self.backend.lend_trainer_threads()  # it waits for a batch: its threads generate
                 self.elastic.tick()
                 run_trace.tick()
                 self.pump(0.005 if self.scorer.num_pending else 0.02)

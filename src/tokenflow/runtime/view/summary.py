@@ -38,9 +38,12 @@ def _age(histogram: dict, k: int | None = None) -> str:
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """(label, value) rows of the table; also used by tests."""
     base, final = summary.get("baseline_accuracy"), summary.get("final_accuracy")
-    acc = f"{base:.3f} → {final:.3f}" if base is not None and final is not None else "–"
-    if base is not None and final is not None:
-        acc += f"  ({final - base:+.3f})"
+    if final is None:
+        acc = "–"
+    elif base is None:
+        acc = f"{final:.3f}  (the starting model not evaluated: run.baseline_eval = false)"
+    else:
+        acc = f"{base:.3f} → {final:.3f}  ({final - base:+.3f})"
     mode = summary.get("mode", "async")
     how = "synchronous" if mode == "sync" else f"async, admission bound max_staleness {summary.get('max_staleness')}"
     train_wall = summary.get("train_wall_s") or 0.0

@@ -54,8 +54,8 @@ class SetPaused:
 
 @dataclass(frozen=True)
 class SetThreads:
-    """Use this many torch threads: after the last step the trainer's cores are free, and the
-    final evaluation (the engines alone) gets them."""
+    """Use this many torch threads: the trainer's cores are free while it waits for a batch
+    (``runtime.lend_trainer_threads``) and after the last step, and the engines get them."""
 
     threads: int
 

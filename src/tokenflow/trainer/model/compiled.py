@@ -21,9 +21,11 @@ import shutil
 import time
 import types
 
+import numpy as np
 import torch
 
 from tokenflow.trainer.model.loading import decoder_layers
+from tokenflow.trainer.shared_prompts import attn_implementation, block_mask, model_mask
 
 log = logging.getLogger(__name__)
 
@@ -70,38 +72,43 @@ def uncompile_layers(model) -> None:
         vars(layer).pop("forward", None)
 
 
-def warm_up(runner, vocab: int, *, scoring: bool = False, tokens: int = 24) -> float | None:
+def warm_up(runner, vocab: int, *, scoring: bool = False, tokens: int = 24, own_masks: bool = False) -> float | None:
     """Compile now: a forward and backward through ``runner``'s training path on dummy rows of
     every kind a micro-batch can have (two rows or one; each with one sequence per row or with a
     restart of the position ids, as packing and padding make them: transformers then builds an
-    attention mask where it otherwise may pass none), and with ``scoring`` the same rows in a
-    no-grad forward in eval mode (the trainer's no-grad passes: dynamo compiles those apart).
-    Kinds that share a graph cost one forward (and backward). Gradients are dropped and the RNG
-    state restored. Returns the seconds it took, or None where it failed: the layers are then
-    eager again and the error is logged."""
+    attention mask where it otherwise may pass none; with ``own_masks``, the trainer's own mask
+    every time, as when it shares prompts), and with ``scoring`` the same rows in a no-grad
+    forward in eval mode (the trainer's no-grad passes: dynamo compiles those apart). Kinds that
+    share a graph cost one forward (and backward). Gradients are dropped and the RNG state
+    restored. Returns the seconds it took, or None where it failed: the layers are then eager
+    again and the error is logged."""
     t0 = time.perf_counter()
     device = runner.device
     ids = torch.arange(tokens, device=device) % vocab
     whole = torch.arange(tokens, device=device)
     restarted = torch.cat([whole[: tokens // 2], whole[: tokens - tokens // 2]])
+    kinds = [(rows, positions) for rows in (2, 1) for positions in ((whole,) if own_masks else (whole, restarted))]
 
     def forward(rows: int, positions: torch.Tensor) -> torch.Tensor:
+        mask = None
+        if own_masks:  # built as the micro-batches build theirs (a causal one: any layout is the same graph)
+            segment = np.zeros((rows, tokens), dtype=np.int64)
+            mask = model_mask(block_mask(segment, segment - 1).to(device), attn_implementation(runner.model))
         with runner.autocast():
             return runner.model.get_decoder()(input_ids=ids.expand(rows, tokens),
                                               position_ids=positions.expand(rows, tokens),
-                                              attention_mask=None, use_cache=False).last_hidden_state
+                                              attention_mask=mask, use_cache=False).last_hidden_state
 
     was_training = runner.model.training
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            for rows in (2, 1):
-                for positions in (whole, restarted):
-                    forward(rows, positions).float().square().mean().backward()
-                    if scoring:
-                        runner.model.eval()
-                        with torch.no_grad():
-                            forward(rows, positions)
-                        runner.model.train(was_training)
+            for rows, positions in kinds:
+                forward(rows, positions).float().square().mean().backward()
+                if scoring:
+                    runner.model.eval()
+                    with torch.no_grad():
+                        forward(rows, positions)
+                    runner.model.train(was_training)
     except Exception as exc:  # a compiler error of any kind: the eager layers still train
         log.warning("trainer.compile_layers: compiling failed (%s: %s); the layers run eagerly",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from tokenflow.trainer.batch import MicroBatch
+from tokenflow.trainer.shared_prompts import attn_implementation, model_mask, sharing_blocker
 
 
 class CausalLMRunner:
@@ -31,6 +32,17 @@ class CausalLMRunner:
         cfg = model.config
         scaled = any(getattr(cfg, k, None) for k in _LOGIT_POSTPROCESSING)
         self.supports_rows = hasattr(model, "get_decoder") and model.get_decoder() is not model and not scaled
+        self.sharing_blocker = sharing_blocker(model)
+        """Why this model cannot run rows with shared prompts (`shared_prompts`), or None."""
+
+    def attention_mask(self, mb: MicroBatch) -> torch.Tensor | None:
+        """The micro-batch's own mask (shared prompts) as the model's attention takes it, or None:
+        transformers then builds it from the position ids."""
+        if mb.attention_mask is None:
+            return None
+        if self.sharing_blocker:
+            raise ValueError(f"this micro-batch shares prompts, which this model cannot run: {self.sharing_blocker}")
+        return model_mask(mb.attention_mask, attn_implementation(self.model))
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -51,7 +63,7 @@ class CausalLMRunner:
         try:
             with self.autocast():
                 out = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                 attention_mask=None, use_cache=False, **kwargs)
+                                 attention_mask=self.attention_mask(mb), use_cache=False, **kwargs)
         finally:
             if hook is not None:
                 hook.remove()
@@ -70,7 +82,7 @@ class CausalLMRunner:
 
     def _target_hidden(self, mb: MicroBatch) -> torch.Tensor:
         out = self.model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                       attention_mask=None, use_cache=False)
+                                       attention_mask=self.attention_mask(mb), use_cache=False)
         return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[mb.target_pos]
 
     # Chunked log-probs need the output head applied outside the model's forward (the rows path).

@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import multiprocessing.connection as mp_connection
 import queue
+import time
 
+from tokenflow.metrics import trace
 from tokenflow.runtime.backends import trainer_start
 from tokenflow.runtime.backends.protocol import Backend
 from tokenflow.runtime.backends.local import start as worker_start
@@ -39,6 +41,7 @@ class LocalBackend(Backend):
         self.engines_start_unattached = True
         num_engines = num_engines or cfg.runtime.num_engines
         self._lent_threads = _threads_after_training(cfg, num_engines)
+        self._lending = False  # the engines run on _lent_threads now
         # One result queue per worker: a worker killed while writing would leave a shared
         # queue's lock held (every other writer blocked) or half a message in its pipe.
         self._out: dict[str, object] = {}
@@ -101,6 +104,8 @@ class LocalBackend(Backend):
         q = self._ctx.Queue()
         h.renew(self._engine_argv(name, q, attach_first=True), q).start()
         h.load = 0
+        if self._lending:  # it starts on engine.threads, the others run on the trainer's too
+            h.send(SetThreads(self._lent_threads))
         return index
 
     def locked_engines(self) -> list[str]:
@@ -144,11 +149,17 @@ class LocalBackend(Backend):
         for e in self.engines:
             e.send(msg)
 
-    def lend_trainer_threads(self) -> None:
-        """After the last step: the engines take the trainer's CPU threads for the final
-        evaluation (one machine; see :func:`_threads_after_training`)."""
-        if self._lent_threads is not None:
-            self.broadcast(SetThreads(self._lent_threads))
+    def lend_trainer_threads(self, lend: bool = True) -> None:
+        """The engines take the trainer's CPU threads (``lend``) or give them back: while the
+        trainer waits for a batch (``runtime.lend_trainer_threads``) and after the last step, for
+        the final evaluation (one machine; see :func:`_threads_after_training`). A message only
+        when that changes."""
+        if self._lent_threads is None or lend == self._lending:
+            return
+        self._lending = lend
+        threads = self._lent_threads if lend else self.cfg.engine.threads
+        trace.record("orchestrator/engine_threads", time.time(), 0.0, threads=threads)
+        self.broadcast(SetThreads(threads))
 
     def check(self) -> None:
         for w in [*self.engines, *self.trainer_ranks]:

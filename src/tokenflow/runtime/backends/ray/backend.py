@@ -270,7 +270,7 @@ class RayBackend(Backend):
         for e in self.engines:
             e.send(msg)
 
-    def lend_trainer_threads(self) -> None:
+    def lend_trainer_threads(self, lend: bool = True) -> None:
         """Nothing to lend: Ray places the trainer and the engines as separate actors with their
         own CPUs, often on different nodes."""
 
