@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in sorted(k for k in ops if k[:1].isdigit()):
         t = ops[key][2] / 1e6 / n
         print(f"  {key:34s} {t:7.3f} s")
-    print(f"\ntop operators by self CPU time (train_step only, per step):")
+    print("\ntop operators by self CPU time (train_step only, per step):")
     self_total = sum(v[0] for v in ops.values())
     for key, (self_us, calls, _) in sorted(ops.items(), key=lambda kv: -kv[1][0])[: args.rows]:
         print(f"  {key[:60]:60s} {self_us / 1e6 / n:8.4f} s  {self_us / self_total:6.1%}  {calls / n:8.0f} calls")

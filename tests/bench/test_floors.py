@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tokenflow.bench.floors import model_figures

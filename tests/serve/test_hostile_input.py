@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -193,7 +192,10 @@ def test_a_looping_chat_template_fails_its_request_not_the_server(looping):
             prober.join(10)
         assert time.monotonic() - start < 6
         assert e.value.code == "chat_template_timeout" and "serve.render_timeout_s" in e.value.message
-        assert health and max(health) < 1.0, health
+        # /health answered while the render ran (a server the render blocked would answer once,
+        # after the 1 s it took to stop it); one answer can take about that long on a loaded
+        # machine, the test process's three threads taking turns at the GIL
+        assert sum(h < 0.5 for h in health) >= 3, health
         r = client.chat.completions.create(model="looping", messages=[{"role": "user", "content": "2+2"}],
                                            max_tokens=4)
         assert r.choices[0].finish_reason in ("stop", "length")

@@ -198,10 +198,16 @@ _EMFILE_SERVER = textwrap.dedent("""
             except OSError:
                 break
         # the server may have kept up and accepted every connection made: free one descriptor
-        # and connect through it, so a connection waits that the server has no descriptor for
-        if socks:
+        # and connect through it, so a connection waits that the server has no descriptor for.
+        # The server's accept retry can take the freed descriptor first (it then holds one more
+        # connection): free another and try again.
+        for _ in range(len(socks)):
             socks.pop().close()
-            socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+                break
+            except OSError:
+                continue
         time.sleep(4)
         for s in socks:
             s.close()

@@ -7,7 +7,6 @@ forward and from the pass and compare the gradients, and check the pass no longe
 """
 
 import pytest
-import torch
 
 from tokenflow.algorithms import AlgorithmConfig
 from tokenflow.trainer import Trainer, TrainerConfig

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
-import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 

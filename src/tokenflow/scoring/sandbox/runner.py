@@ -28,7 +28,7 @@ from tokenflow.scoring.sandbox import bwrap as bubblewrap
 from tokenflow.scoring.sandbox.cgroup import RunCgroup, available_mb
 from tokenflow.scoring.sandbox.result import SandboxLimits, SandboxResult, verdict
 
-__all__ = ["MODES", "SandboxLimits", "SandboxResult", "run_in_mode", "run_program", "scrubbed_env"]
+__all__ = ["MODES", "SandboxLimits", "SandboxResult", "run_in_mode", "scrubbed_env"]
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 
