@@ -63,7 +63,7 @@ def workloads(args) -> dict[str, sides.Workload]:
                                           "3.4M-parameter long-tailed-length policy, up to 256 new tokens", lr=3e-5)
     # The real model on examples/laptop_math, with that example's config on both sides: its chat
     # template and system prompt, 8 prompts × 8, temperature 0.7, 64 new tokens, lr 2e-5 constant,
-    # bfloat16 autocast over float32 weights.
+    # bfloat16 autocast over float32 weights where the CPU has bfloat16 units (its "native"), float32 elsewhere.
     out["smollm2"] = sides.Workload("smollm2", "smollm2-135m-instruct", 64,
                                     "SmolLM2-135M-Instruct on examples/laptop_math, up to 64 new tokens",
                                     lr=2e-5, config="examples/laptop_math/config.toml")

@@ -75,8 +75,12 @@ def from_config(args, tokenizer):
         out = task.reward_fn(prompt, completion, json.loads(example))
         return float(out["reward"] if isinstance(out, dict) else out)
 
-    settings = {"schedule": "constant", "bf16": trainer.get("dtype") == "bfloat16",
-                "task": str(args.config)}
+    dtype = trainer.get("dtype", "float32")
+    if dtype == "native":  # as tokenflow resolves it on this machine (tokenflow.precision)
+        from tokenflow.precision import native_dtype
+
+        dtype = native_dtype(trainer.get("device", "auto"))
+    settings = {"schedule": "constant", "bf16": dtype == "bfloat16", "task": str(args.config)}
     return rows, score, settings
 
 
@@ -148,7 +152,8 @@ def main(argv=None) -> int:
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.grad_clip,
         beta=0.0, num_iterations=1, epsilon=args.clip, loss_type="dapo", scale_rewards="group",
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-        # bf16: autocast over float32 weights, as tokenflow's trainer.dtype = "bfloat16"
+        # bf16: autocast over float32 weights, as tokenflow's trainer.dtype = "bfloat16" (the
+        # example's "native" is that where the CPU has bfloat16 units, float32 elsewhere)
         dataloader_num_workers=0, bf16=settings["bf16"], fp16=False,
         # tokenflow trains without activation checkpointing; TRL turns it on by default, which on
         # a model this small only costs time.

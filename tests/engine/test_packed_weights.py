@@ -12,7 +12,7 @@ from tokenflow.engine import SamplingParams
 from tokenflow.engine.builtin.models.packed import Linear, can_pack
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
-                                reason="this torch has no oneDNN to pack weights with")
+                                reason="no oneDNN bfloat16 here to pack weights with (this torch, or this CPU: AVX2 only)")
 
 PROMPTS = [[5, 6, 7, 8, 9], [20, 21], list(range(30, 44))]
 PARAMS = SamplingParams(temperature=1.0, n=3, max_tokens=10, seed=4, ignore_eos=True, logprobs=2)

@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tokenflow"
 # standard library and ``registry`` only), which the config reads to check ``engine.backend``.
 LAYERS = {
     1: ["tokenflow._lazy", "tokenflow.rollout", "tokenflow.rollout_files", "tokenflow.registry", "tokenflow.errors",
-        "tokenflow.host_memory",
+        "tokenflow.host_memory", "tokenflow.precision",
         "tokenflow.config", "tokenflow.metrics", "tokenflow.engine.backends"],
     2: ["tokenflow.model_store", "tokenflow.engine", "tokenflow.sync"],
     3: ["tokenflow.algorithms", "tokenflow.buffer", "tokenflow.trainer"],

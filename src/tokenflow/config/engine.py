@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tokenflow.config.base import ConfigModel
+from tokenflow.precision import native_dtype
 
 UpdateMode = Literal["inflight", "abort", "drain", "blocking"]
 
@@ -25,9 +26,13 @@ class EngineConfig(ConfigModel):
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Where the model runs; "auto" picks CUDA when a GPU is visible, else the CPU."""
 
-    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
-    """Weight and activation precision; "auto" is bfloat16 on CUDA and float32 on the CPU (CPU
-    bfloat16 matmuls are slow without AMX). Norms, softmax and sampling always run in float32."""
+    dtype: Literal["float32", "bfloat16", "auto", "native"] = "auto"
+    """Weight and activation precision; "auto" is bfloat16 on CUDA and float32 on the CPU.
+    "native": bfloat16 where the device multiplies it in hardware (CUDA; CPUs with AMX or
+    AVX-512 BF16, Arm BF16), else float32; an AVX2-only CPU emulates bfloat16 products tens of
+    times slower than float32 (`tokenflow.precision`). Resolved when the config is read, so
+    the run's saved config names what it ran in. Norms, softmax and sampling always run in
+    float32."""
 
     threads: int | None = Field(default=None, ge=1)
     """CPU threads for torch (`torch.set_num_threads`); None leaves torch's default."""
@@ -118,6 +123,12 @@ class EngineConfig(ConfigModel):
 
         ENGINES.entry(v)  # an unknown name is refused with the known ones listed
         return v
+
+    @model_validator(mode="after")
+    def _resolve_native(self) -> "EngineConfig":
+        if self.dtype == "native":  # written past validation: the resolved value is a valid one
+            self.__dict__["dtype"] = native_dtype(self.device)
+        return self
 
     @model_validator(mode="after")
     def _backend_can(self) -> "EngineConfig":

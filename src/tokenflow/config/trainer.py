@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from tokenflow.config.algorithm import AlgorithmConfig
 from tokenflow.config.base import ConfigModel
+from tokenflow.precision import native_dtype
 
 
 class TrainerConfig(ConfigModel):
@@ -111,8 +112,10 @@ class TrainerConfig(ConfigModel):
     """Pack several sequences per forward row (position ids restart per sequence). Turn off for
     models whose attention does not honour packed position ids: one sequence per row then."""
 
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype: float32, or bfloat16 autocast over float32 master weights."""
+    dtype: Literal["float32", "bfloat16", "native"] = "float32"
+    """Compute dtype: float32, or bfloat16 autocast over float32 master weights. "native":
+    bfloat16 where the device multiplies it in hardware (CUDA; CPUs with AMX or AVX-512 BF16,
+    Arm BF16), else float32 (`tokenflow.precision`); resolved when the config is read."""
 
     fp32_lm_head: bool = False
     """Compute the output projection (logits) in float32 even under bfloat16 autocast."""
@@ -248,6 +251,8 @@ class TrainerConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":
+        if self.dtype == "native":  # written past validation: the resolved value is a valid one
+            self.__dict__["dtype"] = native_dtype(self.device)
         if self.schedule == "cosine" and self.total_steps is None:
             raise ValueError('trainer.schedule = "cosine" needs trainer.total_steps')
         if self.total_steps is not None and self.warmup_steps > self.total_steps:

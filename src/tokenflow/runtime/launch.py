@@ -87,6 +87,7 @@ def prepare(cfg, model: str):
     from tokenflow.tasks import build_task
 
     preflight.check_model_folder(model)
+    preflight.check_precision(cfg)
     ctx = _fork_context(cfg)
     if ctx is not None:
         _import_run_modules()  # while the fork server imports the workers' modules

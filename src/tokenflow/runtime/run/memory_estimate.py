@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tokenflow.config.sync import wire_dtype
 from tokenflow.errors import InputError
+from tokenflow.precision import cpu_onednn_bf16
 from tokenflow.trainer.model.lean_families import FULL_FAMILIES as LEAN_FAMILIES
 
 GB = 1e9
@@ -202,7 +203,7 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
         width = 2 if e.dtype == "bfloat16" else 4
         kv = 2 * m.layers * m.kv_dim * width * e.max_num_seqs * seq
         engine |= {"weights": width * m.params, "kv_cache": 1.5 * kv}  # growing copies the old cache
-        if e.pack_weights and e.dtype == "bfloat16":
+        if e.pack_weights and e.dtype == "bfloat16" and cpu_onednn_bf16():
             # oneDNN's packed copies of the linear weights: every weight but an untied embedding
             # (counted whole: a little high for untied models)
             engine["packed_weights"] = width * m.params

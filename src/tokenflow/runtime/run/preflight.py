@@ -7,6 +7,7 @@ worker minutes later.
     reward        importable, a function, callable as fn(prompt, completion, example) on a real
                   example, returning a number
     prompts       every character of every prompt is something the tokenizer can encode
+    precision     a warning where bfloat16 is asked of a CPU that emulates it (``tokenflow.precision``)
     memory        the workers' estimated peak memory fits in what the machine has, and the trainer's
                   in ``trainer.memory_budget_gb`` (``tokenflow.runtime.run.memory_budget``;
                   ``runtime.check_memory``)
@@ -253,6 +254,19 @@ def check_prompts_encode(task, encode) -> None:
     raise InputError(f"the tokenizer cannot encode {len(bad)} character(s) of the prompts: "
                      f"{', '.join(repr(c) for c in bad[:10])}{' ...' if len(bad) > 10 else ''} "
                      f"(first in {where}); remove them from the data or use a model whose tokenizer covers them")
+
+
+def check_precision(cfg) -> None:
+    """A warning where the config names bfloat16 for a CPU that emulates it (`tokenflow.precision`):
+    the run would work, tens of times slower than in float32."""
+    from tokenflow.precision import slow_bf16_warning
+
+    for section, part in (("trainer", cfg.trainer), ("engine", cfg.engine)):
+        if section == "engine" and part.backend != "builtin":
+            continue  # another backend picks its own kernels
+        warning = slow_bf16_warning(section, part.device, part.dtype)
+        if warning:
+            log.warning(warning)
 
 
 def check_memory(cfg, model: str, task, tokenizer) -> None:

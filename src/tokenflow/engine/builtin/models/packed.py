@@ -21,9 +21,13 @@ BATCH_HINT = 64
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this torch can pack weights for ``device``/``dtype`` (CPU bfloat16 with oneDNN)."""
+    """Whether this torch can pack weights for ``device``/``dtype``: CPU bfloat16 with oneDNN, on
+    a CPU oneDNN computes bfloat16 on (AVX-512 BW/VL/DQ, AVX-NE-CONVERT, Arm BF16). Elsewhere
+    (an AVX2-only CPU) the reorder refuses ("bf16 path needs the cpu support ...") and the
+    engine multiplies its weights as they are."""
     return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 class Linear(nn.Linear):
