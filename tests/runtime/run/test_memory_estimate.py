@@ -109,14 +109,20 @@ def test_the_weight_sync_slots_and_a_background_checkpoints_copy_are_counted(def
     assert "checkpoint_copy" not in trainer("--run.checkpoint_every", "0")
 
 
-def test_a_bfloat16_engines_packed_weights_are_counted(default_model):
-    """engine.pack_weights keeps a second, packed copy of the linear weights in bfloat16 on the
-    CPU (tests/engine/test_packed_weights.py); float32 engines and `pack_weights = false` do not."""
+def test_a_bfloat16_engines_packed_weights_are_counted(default_model, monkeypatch):
+    """engine.pack_weights keeps a second, packed copy of the linear weights in bfloat16 on a CPU
+    oneDNN computes bfloat16 on (tests/engine/test_packed_weights.py); float32 engines,
+    `pack_weights = false` and an AVX2-only CPU (where the engine cannot pack) do not."""
+    from tokenflow.runtime.run import memory_estimate
+
     params = ModelShape.read(default_model).params
 
     def engine(*overrides: str) -> dict:
         return estimate(small_config("--engine.device", "cpu", *overrides), default_model).parts["engine"]
 
+    monkeypatch.setattr(memory_estimate, "cpu_onednn_bf16", lambda: True)
     assert engine("--engine.dtype", "bfloat16")["packed_weights"] == 2 * params
     assert "packed_weights" not in engine("--engine.dtype", "bfloat16", "--engine.pack_weights", "false")
     assert "packed_weights" not in engine("--engine.dtype", "float32")
+    monkeypatch.setattr(memory_estimate, "cpu_onednn_bf16", lambda: False)
+    assert "packed_weights" not in engine("--engine.dtype", "bfloat16")
