@@ -5,9 +5,10 @@ bfloat16 halves the bytes a decode step reads and, on hardware with bfloat16 mat
 doubles the matmul rate. Without such units the CPU's bfloat16 products are emulated, and slow:
 on an AVX2-only CPU (AMD EPYC, torch 2.13) one thread multiplied SmolLM2-135M's shapes at
 1.2-2.3 GFLOP/s in bfloat16 against 77-88 in float32, 36-68× slower
-(`benchmarks/cpu_precision.py`). A config that names bfloat16 runs that slowly on CPUs without
-the units, which most laptops' are; ``"native"`` is bfloat16 where the device has them (CUDA;
-x86 CPUs with AMX or AVX-512 BF16; Arm CPUs with the BF16 extension) and float32 elsewhere.
+(`benchmarks/cpu_precision.py`; an AVX-512 CPU without the units converts instead, at a cost not
+measured here). Most laptops' CPUs have neither AVX-512 nor the units. ``"native"`` is bfloat16
+where the device has them (CUDA; x86 CPUs with AMX or AVX-512 BF16; Arm CPUs with the BF16
+extension) and float32 elsewhere.
 
 Resolved where the config is read (the driver's machine), so a run's saved config names the
 precision it ran in, and a resume keeps it.
@@ -83,6 +84,6 @@ def slow_bf16_warning(section: str, device: str, dtype: str) -> str | None:
     if dtype != "bfloat16" or native_dtype(device) == "bfloat16":
         return None
     return (f'{section}.dtype = "bfloat16" on a CPU without bfloat16 matrix units ({cpu_description()}): '
-            "its matrix products are emulated, tens of times slower than float32 "
-            f'(benchmarks/cpu_precision.py); set {section}.dtype = "native" (bfloat16 where the CPU has '
-            'the units, float32 here) or "float32"')
+            "its matrix products are emulated (36-68x slower than float32 on an AVX2-only CPU; "
+            "python benchmarks/cpu_precision.py measures this one); "
+            f'set {section}.dtype = "native" (bfloat16 where the CPU has the units, float32 here) or "float32"')
