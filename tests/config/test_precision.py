@@ -102,3 +102,14 @@ def test_the_benchmark_prints_both_rates_per_shape():
         # the ratio (rounded to 0.001) within what the two rates (each rounded to 0.01) allow
         b, f = row["bfloat16_gflops"], row["float32_gflops"]
         assert (b - 0.005) / (f + 0.005) - 0.0005 <= row["bfloat16_over_float32"] <= (b + 0.005) / (f - 0.005) + 0.0005
+
+
+def test_a_dry_run_names_the_warning_where_this_cpu_emulates_bfloat16():
+    """`tokenflow train --dry-run` on the machine at hand: the warning as a comment (the output
+    stays a loadable config) exactly where this CPU has no bfloat16 units."""
+    out = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "train", "--dry-run", "--trainer.dtype", "bfloat16",
+                          "--trainer.device", "cpu", "--engine.device", "cpu"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    warned = [line for line in out.splitlines() if line.startswith("# warning: trainer.dtype")]
+    assert len(warned) == (0 if precision.native_dtype("cpu") == "bfloat16" else 1), out[-2000:]
+    assert not any(line.startswith("# warning: engine.dtype") for line in out.splitlines())  # engine left at "auto"

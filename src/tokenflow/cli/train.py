@@ -153,8 +153,11 @@ def run(args, overrides: list[str] | None = None) -> int:
         sys.stdout.write(help_config(cfg))
         return 0
     if args.dry_run:
+        from tokenflow.runtime.run.preflight import precision_warnings
+
         sys.stdout.write(to_toml(cfg))
         sys.stdout.write("\n".join(_memory_lines(cfg)) + "\n")
+        sys.stdout.writelines(f"# warning: {w}\n" for w in precision_warnings(cfg))
         return 0
     from pathlib import Path
 

@@ -256,17 +256,19 @@ def check_prompts_encode(task, encode) -> None:
                      f"(first in {where}); remove them from the data or use a model whose tokenizer covers them")
 
 
-def check_precision(cfg) -> None:
-    """A warning where the config names bfloat16 for a CPU that emulates it (`tokenflow.precision`):
-    the run would work, tens of times slower than in float32."""
+def precision_warnings(cfg) -> list[str]:
+    """Where the config names bfloat16 for a CPU that emulates it (`tokenflow.precision`): the
+    run would work, its products many times slower than in float32."""
     from tokenflow.precision import slow_bf16_warning
 
-    for section, part in (("trainer", cfg.trainer), ("engine", cfg.engine)):
-        if section == "engine" and part.backend != "builtin":
-            continue  # another backend picks its own kernels
-        warning = slow_bf16_warning(section, part.device, part.dtype)
-        if warning:
-            log.warning(warning)
+    sides = [("trainer", cfg.trainer)] + ([("engine", cfg.engine)] if cfg.engine.backend == "builtin" else [])
+    return [w for section, part in sides if (w := slow_bf16_warning(section, part.device, part.dtype))]
+
+
+def check_precision(cfg) -> None:
+    """`precision_warnings`, logged before the run starts."""
+    for warning in precision_warnings(cfg):
+        log.warning(warning)
 
 
 def check_memory(cfg, model: str, task, tokenizer) -> None:
