@@ -26,6 +26,7 @@ the group's TCP store, and the sender reads them back when something times out.
 from __future__ import annotations
 
 import datetime
+import secrets
 import socket
 import threading
 import time
@@ -149,8 +150,11 @@ class BroadcastSender:
             raise ValueError(f"sync.streams must be ≥ 1, got {streams}")
         self.streams = 1 if self.backend == "nccl" or per_param else streams
         port = port or free_port()
+        # The group's name only tells one group's notices from another's (`owns`). A re-formed
+        # group can get the port a dead one had (free_port hands a released port out again), so
+        # the address alone would let a late notice of the old group pass for the new one's.
         self.spec = SyncSpec("broadcast", layout, {
-            "host": host, "port": port, "group": f"{host}:{port}", "world": 1 + num_receivers,
+            "host": host, "port": port, "group": f"{host}:{port}#{secrets.token_hex(4)}", "world": 1 + num_receivers,
             "per_param": per_param, "timeout_s": timeout_s, "backend": self.backend, "streams": self.streams,
         })
         if not per_param:  # two staging buffers: pack one while the other is on the wire
