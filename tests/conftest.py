@@ -19,6 +19,14 @@ from pathlib import Path
 
 import pytest
 
+# Two tests at once on a two-core machine, each with an engine and a trainer process of their
+# own, put more torch (OpenMP) threads on the cores than there are cores. OpenMP's threads then
+# spin at each parallel region's barrier for a partner the scheduler has parked, and a tiny run's
+# thousands of small kernels each wait out a time slice: a test that takes 34 s alone took 213 s
+# beside a copy of itself, and 34-44 s with passive waiting (docs/performance.md, "Beside other
+# CPU work"). Set before torch loads here, and inherited by every process a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _lock_files(run: str | None = None) -> tuple[Path, Path] | None:
     run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id shared by the workers of one run

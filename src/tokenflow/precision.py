@@ -35,15 +35,19 @@ def _cpuinfo_flags() -> set[str] | None:
     return set()
 
 
+def _onednn_says_bf16() -> bool:
+    """oneDNN's own check of the CPU (the one its bfloat16 weight packing makes), for where there
+    is no /proc/cpuinfo to read (macOS)."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX, AVX-512 BF16, Arm BF16)."""
     flags = _cpuinfo_flags()
-    if flags is not None:
-        return bool(flags & {*_X86_FLAGS, "bf16"})
-    import torch  # no /proc/cpuinfo (macOS): oneDNN's own check of the CPU
-
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return _onednn_says_bf16() if flags is None else bool(flags & {*_X86_FLAGS, "bf16"})
 
 
 @functools.cache
@@ -53,10 +57,8 @@ def cpu_onednn_bf16() -> bool:
     ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` makes), read without importing torch."""
     flags = _cpuinfo_flags()
     if flags is None:
-        import torch
-
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return ({"avx512bw", "avx512vl", "avx512dq"} <= flags or bool(flags & {"avx_ne_convert", "amx_bf16", "bf16"}))
+        return _onednn_says_bf16()
+    return {"avx512bw", "avx512vl", "avx512dq"} <= flags or bool(flags & {"avx_ne_convert", "amx_bf16", "bf16"})
 
 
 def cpu_description() -> str:

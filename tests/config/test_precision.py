@@ -113,3 +113,24 @@ def test_a_dry_run_names_the_warning_where_this_cpu_emulates_bfloat16():
     warned = [line for line in out.splitlines() if line.startswith("# warning: trainer.dtype")]
     assert len(warned) == (0 if precision.native_dtype("cpu") == "bfloat16" else 1), out[-2000:]
     assert not any(line.startswith("# warning: engine.dtype") for line in out.splitlines())  # engine left at "auto"
+
+
+def test_without_proc_cpuinfo_both_questions_go_to_onednn(cpu):
+    """macOS has no /proc/cpuinfo: both answers are then oneDNN's own check of the CPU."""
+    cpu(None)
+    onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert precision.cpu_has_native_bf16() == onednn and precision.cpu_onednn_bf16() == onednn
+
+
+@pytest.mark.slow
+def test_bench_engine_and_the_tinker_service_take_native_and_name_what_ran(tmp_path):
+    from tokenflow.tinker.service import Settings
+
+    proc = subprocess.run([sys.executable, "-m", "tokenflow.cli.main", "bench", "engine", "--prompts", "2",
+                           "--samples", "2", "--max-tokens", "4", "--threads", "1", "--dtype", "native", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["dtype"] == precision.native_dtype("cpu")
+    assert Settings(root=str(tmp_path), dtype="native").dtype == precision.native_dtype("cpu")
+    with pytest.raises(ValueError, match="float32, bfloat16 or native"):
+        Settings(root=str(tmp_path), dtype="float16")

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="cap on each request's completion length")
     p.add_argument("--max-num-seqs", type=int, default=512, help="engine: sequences decoded together")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (both sides)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "native"], default="float32",
+                   help="native: bfloat16 where the device multiplies it in hardware, else float32")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1,
@@ -190,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.dtype == "native":
+        from tokenflow.precision import native_dtype
+
+        args.dtype = native_dtype(args.device)  # the JSON and both sides name what ran
     hf_model, source = _load_model(args)
     if args.dtype == "bfloat16":
         hf_model = hf_model.to(torch.bfloat16)

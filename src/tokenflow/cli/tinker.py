@@ -33,9 +33,10 @@ def register(subparsers) -> None:
                    help="tokens in one forward_backward call (the SDK splits larger batches)")
     p.add_argument("--session-timeout", type=float, default=300.0,
                    help="seconds without a heartbeat or call after which a session's models are unloaded")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="training products and sampling: float32 (sampler and trainer log-probs agree) or "
-                        "bfloat16 (faster where the CPU has bfloat16 units)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "native"), default="float32",
+                   help="training products and sampling: float32 (sampler and trainer log-probs agree), "
+                        "bfloat16 (faster where the CPU has bfloat16 units) or native (bfloat16 where it "
+                        "has them, float32 elsewhere)")
     p.add_argument("--no-recompute", action="store_true",
                    help="keep every layer's activations for the backward pass (faster, several times the memory)")
     p.add_argument("--access-log", action="store_true", help="log every request")

@@ -56,10 +56,11 @@ class Settings:
     threads: int | None = None
     micro_batch_tokens: int = 2048
     recompute: bool = True
+    """Recompute each layer's activations in the backward pass (gradient checkpointing)."""
     dtype: str = "float32"
     """Training products and the engine: "float32" (sampler and trainer log-probs agree to
-    rounding) or "bfloat16" (faster on CPUs with bfloat16 units; ratios then start near, not at, 1)."""
-    """Recompute each layer's activations in the backward pass (gradient checkpointing)."""
+    rounding), "bfloat16" (faster on CPUs with bfloat16 units; ratios then start near, not at, 1)
+    or "native" (bfloat16 where this CPU has those units, float32 elsewhere; resolved here)."""
     max_models: int = 8
     max_data_tokens: int = 1 << 20
     """Tokens in one forward_backward call (summed over datums); the SDK splits larger batches."""
@@ -70,6 +71,14 @@ class Settings:
     """Sampler snapshots held in memory per model, the newest (and as many read back from disk for
     the whole service): an older unnamed one must be saved again, an older named one is read back
     from its checkpoint when sampled."""
+
+    def __post_init__(self) -> None:
+        if self.dtype == "native":
+            from tokenflow.precision import native_dtype
+
+            self.dtype = native_dtype("cpu")  # the service trains and samples on the CPU
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype {self.dtype!r}: use float32, bfloat16 or native")
 
 
 class TinkerService(RunsMixin, SamplingMixin):
