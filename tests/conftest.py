@@ -26,6 +26,11 @@ import pytest
 # beside a copy of itself, and 34-44 s with passive waiting (docs/performance.md, "Beside other
 # CPU work"). Set before torch loads here, and inherited by every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One thread where a test leaves torch's default (a test's own model in the worker's process):
+# the other core runs the other worker's test. tests/trainer and tests/engine took 144 s with
+# torch's default (two threads), 125 s with one. A run's processes set their own threads
+# (engine.threads, trainer.threads), so what a test configures still holds.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _lock_files(run: str | None = None) -> tuple[Path, Path] | None:
