@@ -35,9 +35,9 @@ def _cpuinfo_flags() -> set[str] | None:
     return set()
 
 
-def _onednn_says_bf16() -> bool:
-    """oneDNN's own check of the CPU (the one its bfloat16 weight packing makes), for where there
-    is no /proc/cpuinfo to read (macOS)."""
+def onednn_bf16_supported() -> bool:
+    """oneDNN's own check of the CPU (the one its bfloat16 weight packing makes): what the engine
+    asks before packing, and the answer where there is no /proc/cpuinfo to read (macOS)."""
     import torch
 
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -47,7 +47,7 @@ def _onednn_says_bf16() -> bool:
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX, AVX-512 BF16, Arm BF16)."""
     flags = _cpuinfo_flags()
-    return _onednn_says_bf16() if flags is None else bool(flags & {*_X86_FLAGS, "bf16"})
+    return onednn_bf16_supported() if flags is None else bool(flags & {*_X86_FLAGS, "bf16"})
 
 
 @functools.cache
@@ -57,7 +57,7 @@ def cpu_onednn_bf16() -> bool:
     ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` makes), read without importing torch."""
     flags = _cpuinfo_flags()
     if flags is None:
-        return _onednn_says_bf16()
+        return onednn_bf16_supported()
     return {"avx512bw", "avx512vl", "avx512dq"} <= flags or bool(flags & {"avx_ne_convert", "amx_bf16", "bf16"})
 
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenflow.precision import onednn_bf16_supported
+
 BATCH_HINT = 64
 """The rows oneDNN picks the packed layout for (a decode batch); any number of rows runs."""
 
@@ -27,7 +29,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     engine multiplies its weights as they are."""
     return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+            and onednn_bf16_supported())
 
 
 class Linear(nn.Linear):
