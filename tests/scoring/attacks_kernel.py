@@ -108,10 +108,11 @@ def sysv_ipc(P):
             note(f"made a SysV {what} (the host checks whether it outlives the run)")
 
 
-def _hold_in_children(P, n, work):
+def _hold_in_children(P, n, work, hold_s=0.5):
     """Fork n children that run ``work(report)`` (OOM-killed first; ``report(k)``: k more held)
-    and then wait. Returns what the children still alive hold together, and how many, then
-    kills them."""
+    and then keep what they took. Once every child has finished its work or died, waits hold_s
+    more (an out-of-memory kill lands; the host tries its own allocation meanwhile), 6 s at most
+    in all. Returns what the children still alive hold together, and how many, then kills them."""
     r, w = os.pipe()
     kids = []
     for i in range(n):
@@ -132,23 +133,32 @@ def _hold_in_children(P, n, work):
                 work(report)
             except Exception:  # noqa: BLE001 - a refused allocation ends this child's part
                 report(0)
+            report("done")
             time.sleep(30)
             os._exit(0)
         kids.append(pid)
     os.close(w)
-    buf, deadline = b"", time.monotonic() + 6
+    buf, dead = b"", set()
+    deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([r], [], [], 0.2)
+        ready, _, _ = select.select([r], [], [], 0.05)
         if ready:
             chunk = os.read(r, 4096)
             if not chunk:
                 break
             buf += chunk
+        dead |= {i for i, k in enumerate(kids) if i not in dead and os.waitpid(k, os.WNOHANG) != (0, 0)}
+        done = {int(line.split()[0]) for line in buf.decode().splitlines() if line.endswith(" done")}
+        if len(done | dead) == n:
+            deadline = min(deadline, time.monotonic() + hold_s)
+            hold_s = float("inf")  # the deadline moves once
     held = [0] * n
     for line in buf.decode().splitlines():
         i, k = line.split()[:2]
-        held[int(i)] += int(k)
-    alive = [i for i, k in enumerate(kids) if os.waitpid(k, os.WNOHANG) == (0, 0)]
+        if k != "done":
+            held[int(i)] += int(k)
+    dead |= {i for i, k in enumerate(kids) if i not in dead and os.waitpid(k, os.WNOHANG) != (0, 0)}
+    alive = [i for i in range(n) if i not in dead]
     total = sum(held[i] for i in alive)
     for k in kids:
         try:
@@ -221,7 +231,7 @@ def inotify_instances(P):
             n += 1
         report(n)
 
-    total, _ = _hold_in_children(P, 6, work)  # held ~6 s: the host tries to make one meanwhile
+    total, _ = _hold_in_children(P, 6, work, hold_s=1.0)  # the host tries every 50 ms meanwhile
     print("inotify instances held", total)
 
 
