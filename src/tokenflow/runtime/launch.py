@@ -91,16 +91,20 @@ def prepare(cfg, model: str):
     ctx = _fork_context(cfg)
     if ctx is not None:
         _import_run_modules()  # while the fork server imports the workers' modules
-    tokenizer = preflight.load_tokenizer(model, ctx)
+    # The task and its reward need no tokenizer: checked before waiting for one (the fork
+    # server's imports), so a bad dataset or reward function is reported in about a second.
     task = build_task(cfg.task)
+    episodes = bool(getattr(cfg.task, "env", None))  # scored by the environment, prompted by reset
+    if not episodes:
+        preflight.check_reward(task)
+    tokenizer = preflight.load_tokenizer(model, ctx)
     preflight.check_memory(cfg, model, task, tokenizer)
-    if getattr(cfg.task, "env", None):  # episodes: scored by the environment, prompted by reset
+    if episodes:
         if getattr(cfg.task, "agent", None):  # agent samples: played by the agent function
             preflight.check_agent(cfg.task.agent, tokenizer)
         else:
             preflight.check_environment(task, tokenizer)
         return task, tokenizer
-    preflight.check_reward(task)
     preflight.check_prompts_encode(task, lambda text: tokenizer.encode(text, add_special_tokens=False))
     if cfg.task.chat_template:  # then every prompt is encoded through it (tokenflow.tasks.prompts.prompt_encoder)
         preflight.check_chat_prompt(task, tokenizer, cfg.task)
