@@ -1,0 +1,34 @@
+"""The engine's float32 products of a few rows (`packed.SKINNY_ROWS`: a decode step) run as
+``weight @ x.T``; they must equal ``F.linear`` up to float32 rounding, bias and batch shape
+included, on both sides of the row limit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenflow.engine.builtin.models.packed import SKINNY_ROWS, Linear
+
+U = 2.0**-24  # float32's unit roundoff
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, SKINNY_ROWS, SKINNY_ROWS + 1, 300])
+def test_a_product_of_few_rows_is_the_plain_one_up_to_rounding(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    k, n = 576, 200
+    layer = Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, k, generator=gen) * 0.05)
+        if bias:
+            layer.bias.copy_(torch.randn(n, generator=gen))
+    x = torch.randn(rows, 1, k, generator=gen)  # [batch, one new token, hidden], as a decode step
+    with torch.no_grad():
+        got, want = layer(x), F.linear(x, layer.weight, layer.bias)
+        # Two summation orders of a length-k dot product differ by at most 2·γ_k·Σ|w·x| (γ_k =
+        # k·u / (1 − k·u)), plus one rounding of the bias sum on each side.
+        gamma = k * U / (1 - k * U)
+        bound = 2 * gamma * (x.abs() @ layer.weight.abs().T) + 2 * U * want.abs()
+    assert got.shape == want.shape == (rows, 1, n) and got.is_contiguous()
+    assert (got - want).abs().le(bound).all(), (got - want).abs().max()
