@@ -1,6 +1,6 @@
-"""The engine's float32 products of a few rows (`packed.SKINNY_ROWS`: a decode step) run as
-``weight @ x.T``; they must equal ``F.linear`` up to float32 rounding, bias and batch shape
-included, on both sides of the row limit."""
+"""The engine's float32 products of a few rows (`packed.SKINNY_ROWS`: a decode step) by a large
+weight run as ``weight @ x.T``; they must equal ``F.linear`` up to float32 rounding, bias and
+batch shape included, on both sides of the row limit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenflow.engine.builtin.models.packed import SKINNY_ROWS, Linear
+from tokenflow.engine.builtin.models.packed import SKINNY_MIN_WEIGHT, SKINNY_ROWS, Linear
 
 U = 2.0**-24  # float32's unit roundoff
 
@@ -17,7 +17,8 @@ U = 2.0**-24  # float32's unit roundoff
 @pytest.mark.parametrize("rows", [1, 5, SKINNY_ROWS, SKINNY_ROWS + 1, 300])
 def test_a_product_of_few_rows_is_the_plain_one_up_to_rounding(rows, bias):
     gen = torch.Generator().manual_seed(rows)
-    k, n = 576, 200
+    k, n = 576, 512
+    assert k * n >= SKINNY_MIN_WEIGHT  # a weight large enough to take that path
     layer = Linear(k, n, bias=bias)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(n, k, generator=gen) * 0.05)

@@ -28,7 +28,13 @@ back and made contiguous) instead of ``x @ weight.T``: MKL's sgemm handles a few
 transposed weight poorly (SmolLM2's head at 4 rows: 18.7 ms, against 5.4 ms the other way round,
 two threads, AVX2). A decode step is a few rows; a prefill, hundreds, stays as it was (slower the
 other way round from 128 rows). SmolLM2 decoding in float32 (`tokenflow bench engine`'s
-workload, AVX2, two threads): 164 -> 190 tokens/s (median of three, alternated in one process)."""
+workload, AVX2, two threads), three runs alternating both ways in one process, median of three
+each: 176 -> 201, 164 -> 190 and 186 -> 196 tokens/s."""
+
+SKINNY_MIN_WEIGHT = 1 << 18
+"""...for a weight of at least this many elements (SmolLM2's smallest is 576 × 576): on small
+ones the copy back costs more than the product gains (the tiny default model's engine, hidden
+size 128: 6,058 -> 5,558 tokens/s with every layer the other way round)."""
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -51,7 +57,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            if x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() <= SKINNY_ROWS * x.shape[-1]:
+            if (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() <= SKINNY_ROWS * x.shape[-1]
+                    and self.weight.numel() >= SKINNY_MIN_WEIGHT):
                 rows = x.reshape(-1, x.shape[-1])
                 y = torch.mm(self.weight, rows.t()).t().contiguous()
                 if self.bias is not None:
