@@ -4,8 +4,9 @@
 Importing this module is the preload: torch, transformers' fast tokenizer and the engine,
 trainer and weight-sync code, so that a forked engine or trainer starts with all of it in
 memory. Not transformers' config classes (``transformers.activations`` and what it imports: 1.4 s
-on an AVX2 machine in December 2026, torch's compiler and distributed tensors among them): the engine reads a complete Llama config without them (`tokenflow.engine.loading.plain_config`)
-and starts generating while the trainer, forked at the same moment, imports them itself.
+on an AVX2 machine in December 2026, torch's compiler and distributed tensors among them): the
+engine reads a complete Llama config without them (`tokenflow.engine.loading.plain_config`) and
+starts generating while the trainer, forked at the same moment, imports them itself.
 Nothing here runs a model, starts a thread or touches a GPU: the server must stay safe to fork.
 A module that fails to import is skipped (the worker imports it, and reports the error, itself).
 """
