@@ -12,12 +12,13 @@ cd "$(dirname "$0")/.."
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet torch==2.13.0
+extras=tinker,real
 if [ "${2:-}" = "deps" ]; then  # every package but this checkout (as in scripts/vllm_cpu_env.sh)
-    mapfile -t reqs < <(python3 scripts/requirements_of.py tinker real)
-    "$venv/bin/pip" install --quiet "${reqs[@]}" pytest pytest-timeout pytest-xdist
+    mapfile -t what < <(python3 scripts/requirements_of.py ${extras//,/ })
 else
-    "$venv/bin/pip" install --quiet -e ".[tinker,real]" pytest pytest-timeout pytest-xdist
+    what=(-e ".[$extras]")
 fi
+"$venv/bin/pip" install --quiet "${what[@]}" pytest pytest-timeout pytest-xdist
 "$venv/bin/pip" install --quiet --no-deps "tinker-cookbook==0.6.1"
 "$venv/bin/pip" install --quiet "chz>=0.4" "blobfile>=3" "pyrage>=1.4" "tiktoken>=0.12" "cloudpickle>=3" \
     "termcolor>=2" "datasets>=2.14" "pillow>=10" "aiohttp>=3.9" "tqdm>=4.60" "sympy>=1.12" "pylatexenc>=2" \

