@@ -39,6 +39,17 @@ def family_config(family: str):
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def float32_product_bound(x: torch.Tensor, weight: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """How far two float32 computations of ``x @ weight.T (+ bias)`` may differ, elementwise, when
+    they sum in different orders: 2·γ_k·Σ|w·x| for a length-k dot product (γ_k = k·u / (1 − k·u)),
+    plus one rounding of the bias sum on each side (``want`` is either result)."""
+    k = x.shape[-1]
+    gamma = k * U32 / (1 - k * U32)
+    return 2 * gamma * (x.abs() @ weight.abs().T) + 2 * U32 * want.abs()
+
 
 @torch.no_grad()
 def randomize(model: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.Module:

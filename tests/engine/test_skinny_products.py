@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.engine.engine_testlib import float32_product_bound
 from tokenflow.engine.builtin.models.packed import SKINNY_MIN_WEIGHT, SKINNY_ROWS, Linear
-
-U = 2.0**-24  # float32's unit roundoff
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -27,9 +26,6 @@ def test_a_product_of_few_rows_is_the_plain_one_up_to_rounding(rows, bias):
     x = torch.randn(rows, 1, k, generator=gen)  # [batch, one new token, hidden], as a decode step
     with torch.no_grad():
         got, want = layer(x), F.linear(x, layer.weight, layer.bias)
-        # Two summation orders of a length-k dot product differ by at most 2·γ_k·Σ|w·x| (γ_k =
-        # k·u / (1 − k·u)), plus one rounding of the bias sum on each side.
-        gamma = k * U / (1 - k * U)
-        bound = 2 * gamma * (x.abs() @ layer.weight.abs().T) + 2 * U * want.abs()
+        bound = float32_product_bound(x, layer.weight, want)
     assert got.shape == want.shape == (rows, 1, n) and got.is_contiguous()
     assert (got - want).abs().le(bound).all(), (got - want).abs().max()

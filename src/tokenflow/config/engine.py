@@ -49,13 +49,15 @@ class EngineConfig(ConfigModel):
     the same speed (`tokenflow.host_memory.limit_onednn_cache`). None: oneDNN's default."""
 
     pack_weights: bool = True
-    """Built-in engine on the CPU in bfloat16: also keep each linear layer's weight in oneDNN's
-    pre-packed layout, packed again after every weight update, so that a product does not
-    reorder its weight on every call. The same results bitwise; a second copy of the linear
-    weights in memory (SmolLM2-135M: 269 MB; counted by `--dry-run`'s estimate, named in the
-    engine's start-up line), and the repacking after each update (0.12-0.21 s for SmolLM2 on two
-    threads). SmolLM2's decode step, 64 rows: 9-11% faster (docs/performance.md). Off where
-    memory is tighter than time."""
+    """Built-in engine on the CPU: also keep each linear layer's weight in oneDNN's pre-packed
+    layout (in float32, the weights of at least 2^18 elements), packed again after every weight
+    update, so that a product does not reorder its weight on every call (bfloat16) and runs on
+    oneDNN's kernels rather than MKL's (float32). bfloat16: the same results bitwise; SmolLM2's
+    decode step, 64 rows, 9-11% faster. float32: the same up to summation order; SmolLM2's
+    decode 13-19% faster on an AVX2 CPU (docs/performance.md). The cost: a second copy of those
+    weights in memory (SmolLM2-135M: 269 MB in bfloat16, 538 MB in float32; counted by
+    `--dry-run`'s estimate, named in the engine's start-up line), and the repacking after each
+    update (0.12-0.23 s for SmolLM2 on two threads). Off where memory is tighter than time."""
 
     max_num_batched_tokens: int = Field(default=4096, ge=1)
     """Token budget of one prefill step, counted as (prompts in the step) x (longest prompt), i.e.

@@ -9,6 +9,7 @@ import torch
 from tokenflow.engine.builtin.cache.kv_cache import KVCache
 from tokenflow.engine.builtin.models.attention import AttentionContext, decode_split
 from tokenflow.engine.builtin.models.llama import LlamaForCausalLM, head_dim_of
+from tokenflow.engine.builtin.prefill_buckets import length_buckets
 from tokenflow.engine.builtin.cache.parked import ParkedEntry, ParkedKV, ParkKey
 from tokenflow.engine.builtin.scheduler import Move, Park
 from tokenflow.engine.builtin.sequence import Sequence
@@ -59,9 +60,25 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, token_lists: list[list[int]], slots: list[list[int]] | None,
                 need_logits: bool = True, keep_hidden: bool = False) -> torch.Tensor | None:
-        """Run the prompts (right-padded into one batch), copy each prompt's keys/values into
-        its slots, and return the logits at each prompt's last position, [G, V]; with
-        ``keep_hidden``, every position's hidden states stay in `last_hidden` (`prompt_scores`)."""
+        """Run the prompts (right-padded, in runs of similar length: `length_buckets`), copy each
+        prompt's keys/values into its slots, and return the logits at each prompt's last
+        position, [G, V]; with ``keep_hidden``, every position's hidden states stay in
+        `last_hidden` (`prompt_scores`), all in one batch."""
+        # One batch where rows of one [G, L] tensor are read back: kept hidden states, and the
+        # routing an MoE model records for the whole step.
+        runs = [] if keep_hidden or self.recorder is not None else length_buckets([len(t) for t in token_lists])
+        if len(runs) < 2:
+            return self._prefill(token_lists, slots, need_logits, keep_hidden)
+        self.last_hidden = None
+        parts = [self._prefill([token_lists[i] for i in run], None if slots is None else [slots[i] for i in run],
+                               need_logits, False) for run in runs]
+        if not need_logits:
+            return None
+        logits = torch.cat(parts)
+        return logits.index_copy(0, self._long([i for run in runs for i in run]), logits)
+
+    def _prefill(self, token_lists: list[list[int]], slots: list[list[int]] | None,
+                 need_logits: bool, keep_hidden: bool) -> torch.Tensor | None:
         lengths = [len(t) for t in token_lists]
         longest = max(lengths)
         ids = self._long([t + [0] * (longest - len(t)) for t in token_lists])

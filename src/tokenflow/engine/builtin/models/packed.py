@@ -1,5 +1,5 @@
-"""Linear layers that may also hold their weight in oneDNN's pre-packed layout (CPU, bfloat16),
-and run a float32 product of a few rows (a decode step) the way round MKL does fast.
+"""Linear layers that may also hold their weight in oneDNN's pre-packed layout (CPU, bfloat16 or
+float32), and run a float32 product of a few rows (a decode step) the way round MKL does fast.
 
 A bfloat16 matrix product on the CPU goes through oneDNN, which wants the weight in a blocked
 layout of its own (AMX tiles where the CPU has them). Given PyTorch's ``[out, in]`` weight it
@@ -9,6 +9,11 @@ load, and runs the product on the packed copy. The products are oneDNN's either 
 bitwise equal (tests/engine/test_packed_weights.py); the price is a second copy of the linear
 weights (the originals stay: weight updates, checksums and the tinker sampler read them by
 their Hugging Face names).
+
+A float32 product goes through MKL's sgemm unless its weight is packed. oneDNN's float32 kernels
+on a packed weight are faster at a decode step's rows (SmolLM2's head at 36 rows: 16 ms against
+27-30 ms, two threads, AVX2), so large float32 weights are packed too; their results differ from
+sgemm's by summation order only (tests/engine/test_packed_weights.py bounds it).
 """
 
 from __future__ import annotations
@@ -39,13 +44,22 @@ size 128: 6,058 -> 5,558 tokens/s with every layer the other way round)."""
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this torch can pack weights for ``device``/``dtype``: CPU bfloat16 with oneDNN, on
-    a CPU oneDNN computes bfloat16 on (AVX-512 BW/VL/DQ, AVX-NE-CONVERT, Arm BF16). Elsewhere
-    (an AVX2-only CPU) the reorder refuses ("bf16 path needs the cpu support ...") and the
-    engine multiplies its weights as they are."""
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and onednn_bf16_supported())
+    """Whether this torch can pack weights for ``device``/``dtype``: CPU float32 with oneDNN, or
+    CPU bfloat16 on a CPU oneDNN computes bfloat16 on (AVX-512 BW/VL/DQ, AVX-NE-CONVERT, Arm
+    BF16). Elsewhere (bfloat16 on an AVX2-only CPU) the reorder refuses ("bf16 path needs the
+    cpu support ...") and the engine multiplies its weights as they are."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16_supported())
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether `pack_linears` packs this weight: every bfloat16 one; a float32 one of at least
+    `SKINNY_MIN_WEIGHT` elements (on the tiny default model's small layers oneDNN's per-call cost
+    outweighs its faster kernel: its engine went 6,950 -> 6,090 tokens/s with every layer packed)."""
+    return weight.dtype != torch.float32 or weight.numel() >= SKINNY_MIN_WEIGHT
 
 
 class Linear(nn.Linear):
@@ -71,11 +85,11 @@ class Linear(nn.Linear):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Pack every `Linear` of ``model`` from its current weight; returns the bytes of the weights
-    packed (what the packed copies take, less any padding of oneDNN's blocks)."""
+    """Pack every `Linear` of ``model`` whose weight `packs` from its current weight; returns the
+    bytes of the weights packed (what the packed copies take, less any padding of oneDNN's blocks)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and packs(module.weight):
             module.pack()
             total += module.weight.numel() * module.weight.element_size()
     return total
@@ -83,6 +97,6 @@ def pack_linears(model: nn.Module) -> int:
 
 def packing_note(model) -> str:
     """For the engine's start-up line: what packing costs, if this model packs."""
-    if not getattr(model, "packs_weights", False):
+    if not getattr(model, "packs_weights", False) or not model.packed_bytes:
         return ""
     return f", linear weights also packed for oneDNN ({model.packed_bytes / 1e6:.0f} MB; engine.pack_weights)"
