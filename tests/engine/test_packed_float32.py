@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tests.engine.engine_testlib import float32_product_bound, make_engine, randomize
-from tokenflow.engine.builtin.models.packed import SKINNY_MIN_WEIGHT, Linear, can_pack
+from tokenflow.engine.builtin.models import LARGE_WEIGHT
+from tokenflow.engine.builtin.models.packed import Linear, can_pack
 from tokenflow.runtime.run.memory_estimate import ModelShape, packed_float32_params
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32),
@@ -59,9 +60,9 @@ def test_large_float32_weights_are_packed_small_ones_not_and_the_estimate_counts
     hf.save_pretrained(tmp_path)
     engine = make_engine(hf, dtype="float32", max_num_seqs=4, pack_weights=True)
     layer = engine.model.model.layers[0]
-    assert layer.mlp.down_proj.weight.numel() < SKINNY_MIN_WEIGHT and layer.mlp.down_proj.packed is None
+    assert layer.mlp.down_proj.weight.numel() < LARGE_WEIGHT and layer.mlp.down_proj.packed is None
     for big in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, engine.model.lm_head):
-        assert big.weight.numel() >= SKINNY_MIN_WEIGHT and big.packed is not None
+        assert big.weight.numel() >= LARGE_WEIGHT and big.packed is not None
     per_layer = HIDDEN * (HIDDEN + 2 * 256) + HIDDEN * HIDDEN + 2 * HIDDEN * 256
     assert engine.model.packed_bytes == 4 * (2 * per_layer + 600 * HIDDEN)
     assert engine.model.packed_bytes == 4 * packed_float32_params(ModelShape.read(tmp_path))

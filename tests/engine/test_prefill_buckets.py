@@ -21,7 +21,7 @@ def cost(lengths: list[int], runs: list[list[int]], forward_rows: int) -> int:
 
 def test_the_cut_is_the_cheapest_and_covers_every_prompt_once():
     rng = np.random.default_rng(0)
-    for trial in range(60):
+    for _ in range(60):
         n = int(rng.integers(1, 9))
         lengths = rng.integers(1, 120, size=n).tolist()
         forward_rows = int(rng.choice([0, 16, 64, 500]))

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.engine.engine_testlib import float32_product_bound
-from tokenflow.engine.builtin.models.packed import SKINNY_MIN_WEIGHT, SKINNY_ROWS, Linear
+from tokenflow.engine.builtin.models import LARGE_WEIGHT
+from tokenflow.engine.builtin.models.packed import SKINNY_ROWS, Linear
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -17,7 +18,7 @@ from tokenflow.engine.builtin.models.packed import SKINNY_MIN_WEIGHT, SKINNY_ROW
 def test_a_product_of_few_rows_is_the_plain_one_up_to_rounding(rows, bias):
     gen = torch.Generator().manual_seed(rows)
     k, n = 576, 512
-    assert k * n >= SKINNY_MIN_WEIGHT  # a weight large enough to take that path
+    assert k * n >= LARGE_WEIGHT  # a weight large enough to take that path
     layer = Linear(k, n, bias=bias)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(n, k, generator=gen) * 0.05)

@@ -54,7 +54,7 @@ class EngineConfig(ConfigModel):
     update, so that a product does not reorder its weight on every call (bfloat16) and runs on
     oneDNN's kernels rather than MKL's (float32). bfloat16: the same results bitwise; SmolLM2's
     decode step, 64 rows, 9-11% faster. float32: the same up to summation order; SmolLM2's
-    decode 13-19% faster on an AVX2 CPU (docs/performance.md). The cost: a second copy of those
+    decode 11-19% faster on an AVX2 CPU (docs/performance.md). The cost: a second copy of those
     weights in memory (SmolLM2-135M: 269 MB in bfloat16, 538 MB in float32; counted by
     `--dry-run`'s estimate, named in the engine's start-up line), and the repacking after each
     update (0.12-0.23 s for SmolLM2 on two threads). Off where memory is tighter than time."""

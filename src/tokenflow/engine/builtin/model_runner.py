@@ -69,7 +69,6 @@ class ModelRunner:
         runs = [] if keep_hidden or self.recorder is not None else length_buckets([len(t) for t in token_lists])
         if len(runs) < 2:
             return self._prefill(token_lists, slots, need_logits, keep_hidden)
-        self.last_hidden = None
         if slots is not None:  # the cache grown once, for all the runs, not run by run
             self.cache.ensure(max(s for group in slots for s in group) + 1, max(len(t) for t in token_lists))
         parts = [self._prefill([token_lists[i] for i in run], None if slots is None else [slots[i] for i in run],

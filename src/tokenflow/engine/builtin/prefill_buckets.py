@@ -24,6 +24,8 @@ def length_buckets(lengths: list[int], forward_rows: int = FORWARD_ROWS) -> list
     order = np.argsort(np.asarray(lengths), kind="stable")
     ordered = np.asarray(lengths)[order]
     n = len(order)
+    if n < 2 or ordered[0] == ordered[-1]:  # nothing to cut: one forward, no padding to save
+        return [order.tolist()] if n else []
     # best[j]: the least cost of the j shortest prompts; a run (i, j] costs (j - i) * ordered[j-1].
     best = np.zeros(n + 1)
     cut = np.zeros(n + 1, dtype=np.int64)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenflow.config.sync import wire_dtype
+from tokenflow.engine.builtin.models import LARGE_WEIGHT
 from tokenflow.errors import InputError
 from tokenflow.precision import cpu_onednn_bf16
 from tokenflow.trainer.model.lean_families import FULL_FAMILIES as LEAN_FAMILIES
@@ -192,12 +193,12 @@ def run_trainer_parts(cfg, m: ModelShape, tokens: int, **switches) -> dict[str, 
 
 def packed_float32_params(m: ModelShape) -> int:
     """The elements of the float32 linear weights the built-in engine packs
-    (`engine.builtin.models.packed.packs`: those of at least 2^18 elements): each layer's fused
-    q/k/v, output, fused gate/up and down products, and the head (dense models)."""
-    least = 1 << 18
+    (`engine.builtin.models.packed.packs`: those of at least `LARGE_WEIGHT` elements): each
+    layer's fused q/k/v, output, fused gate/up and down products, and the head (dense models)."""
     per_layer = [m.hidden * (m.hidden + 2 * m.kv_dim), m.hidden * m.hidden, 2 * m.hidden * m.intermediate,
                  m.hidden * m.intermediate]
-    return m.layers * sum(n for n in per_layer if n >= least) + (m.vocab * m.hidden if m.vocab * m.hidden >= least else 0)
+    head = m.vocab * m.hidden
+    return m.layers * sum(n for n in per_layer if n >= LARGE_WEIGHT) + (head if head >= LARGE_WEIGHT else 0)
 
 
 def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
@@ -217,8 +218,8 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
             # oneDNN's packed copies of the linear weights: every weight but an untied embedding
             # (counted whole: a little high for untied models)
             engine["packed_weights"] = width * m.params
-        elif e.pack_weights and e.dtype == "float32" and packed_float32_params(m):
-            engine["packed_weights"] = width * packed_float32_params(m)
+        elif e.pack_weights and e.dtype == "float32" and (packed := packed_float32_params(m)):
+            engine["packed_weights"] = width * packed
     for i in range(cfg.runtime.num_engines):
         est.parts["engine" if cfg.runtime.num_engines == 1 else f"engine{i}"] = dict(engine)
     return est

@@ -13,7 +13,7 @@ their Hugging Face names).
 A float32 product goes through MKL's sgemm unless its weight is packed. oneDNN's float32 kernels
 on a packed weight are faster at a decode step's rows (SmolLM2's head at 36 rows: 16 ms against
 27-30 ms, two threads, AVX2), so large float32 weights are packed too; their results differ from
-sgemm's by summation order only (tests/engine/test_packed_weights.py bounds it).
+sgemm's by summation order only (tests/engine/test_packed_float32.py bounds it).
 """
 
 from __future__ import annotations
@@ -22,26 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenflow.engine.builtin.models import LARGE_WEIGHT
 from tokenflow.precision import onednn_bf16_supported
 
 BATCH_HINT = 64
 """The rows oneDNN picks the packed layout for (a decode batch); any number of rows runs."""
 
 SKINNY_ROWS = 64
-"""Up to this many rows, a float32 product on the CPU runs as ``weight @ x.T`` (then transposed
-back and made contiguous) instead of ``x @ weight.T``: MKL's sgemm handles a few rows against a
+"""Up to this many rows, a float32 product on the CPU by a weight of at least `LARGE_WEIGHT`
+elements that is not packed (``engine.pack_weights = false``, as in the laptop example) runs as
+``weight @ x.T`` (then transposed back and made contiguous) instead of ``x @ weight.T``: MKL's sgemm handles a few rows against a
 transposed weight poorly (SmolLM2's head at 4 rows: 18.7 ms, against 5.4 ms the other way round,
 two threads, AVX2). A decode step is a few rows; a prefill, hundreds, stays as it was (slower the
 other way round from 128 rows; at 64 about even in two microbenchmark runs, and 64 gave the best
 end-to-end of 16, 32, 64 and 128). SmolLM2 decoding in float32 (`tokenflow bench engine`'s
 workload, AVX2, two threads), three runs alternating both ways in one process, median of three
 each: 176 -> 201, 164 -> 190 and 186 -> 196 tokens/s."""
-
-SKINNY_MIN_WEIGHT = 1 << 18
-"""...for a weight of at least this many elements (SmolLM2's smallest is 576 × 576): on small
-ones the copy back costs more than the product gains (the tiny default model's engine, hidden
-size 128: 6,058 -> 5,558 tokens/s with every layer the other way round)."""
-
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether this torch can pack weights for ``device``/``dtype``: CPU float32 with oneDNN, or
@@ -57,10 +53,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def packs(weight: torch.Tensor) -> bool:
     """Whether `pack_linears` packs this weight: every bfloat16 one; a float32 one of at least
-    `SKINNY_MIN_WEIGHT` elements (on the tiny default model's small layers oneDNN's per-call cost
-    outweighs its faster kernel: its engine went 6,913 -> 5,962 tokens/s with every layer packed,
-    medians of three alternated runs)."""
-    return weight.dtype != torch.float32 or weight.numel() >= SKINNY_MIN_WEIGHT
+    `LARGE_WEIGHT` elements."""
+    return weight.dtype != torch.float32 or weight.numel() >= LARGE_WEIGHT
 
 
 class Linear(nn.Linear):
@@ -74,7 +68,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             if (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() <= SKINNY_ROWS * x.shape[-1]
-                    and self.weight.numel() >= SKINNY_MIN_WEIGHT):
+                    and self.weight.numel() >= LARGE_WEIGHT):
                 rows = x.reshape(-1, x.shape[-1])
                 y = torch.mm(self.weight, rows.t()).t().contiguous()
                 if self.bias is not None:
