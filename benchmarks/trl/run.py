@@ -43,6 +43,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="also save and score a checkpoint every N steps (accuracy curve); 0: start and end only")
     ap.add_argument("--eval-limit", type=int, default=None, help="score on the first N held-out prompts (default all 256)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process (it runs alone)")
+    ap.add_argument("--trl-micro-batches", type=int, default=1,
+                    help="TRL trains each step's completions in this many micro-batches (gradient accumulation; "
+                         "the same loss), so that it fits in memory: 4 for smollm2 in float32 on a 24 GB machine")
     ap.add_argument("--setup", action="store_true", help="build the TRL environment (--trl-venv) if it is missing")
     ap.add_argument("--trl-venv", type=Path, default=sides.TRL_VENV, help="the TRL environment (default .venv-trl)")
     ap.add_argument("--gen-heavy-model", default=None, help="model folder for gen-heavy (default: build it once)")
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
                 print(f"[{time.strftime('%H:%M:%S')}] {w.name} / {side} / seed {seed} → {folder}", file=sys.stderr)
                 if side == "trl":
                     res = sides.run_trl(python, w, seed, args.steps, folder, save_every=args.curve_every,
-                                        threads=args.trl_threads)
+                                        threads=args.trl_threads, micro_batches=args.trl_micro_batches)
                 else:
                     res = sides.run_tokenflow(w, seed, args.steps, folder, staleness=0 if side == "tokenflow-sync" else None,
                                               save_every=args.curve_every, eval_limit=args.eval_limit)
@@ -113,6 +116,7 @@ def main(argv=None) -> int:
     results = {
         "settings": {"steps": args.steps, "seeds": seeds, "sides": chosen, "eval_limit": args.eval_limit,
                      "curve_every": args.curve_every, "trl_threads": args.trl_threads,
+                     "trl_micro_batches": args.trl_micro_batches,
                      "workloads": {k: asdict(v) for k, v in chosen_workloads.items()},
                      "default_batch": "16 prompts × 8 samples, cosine to 0.1 × lr, no warmup",
                      "config_batch": "the workload's config (smollm2: 8 × 8, constant lr)"},

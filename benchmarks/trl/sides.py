@@ -152,12 +152,13 @@ def run_tokenflow(w: Workload, seed: int, steps: int, out: Path, *, staleness: i
 
 
 def run_trl(python: Path, w: Workload, seed: int, steps: int, out: Path, *, save_every: int,
-            threads: int) -> RunResult:
+            threads: int, micro_batches: int = 1) -> RunResult:
     """TRL's GRPOTrainer (trl_side.py) in the TRL environment, on workload ``w``."""
     saves = ",".join(str(s) for s in range(save_every, steps, save_every)) if save_every else ""
     args = [str(python), str(Path(__file__).with_name("trl_side.py")), "--model", resolve_model(w.model),
             "--out", str(out), "--steps", str(steps), "--seed", str(seed), "--max-tokens", str(w.max_tokens),
             "--lr", str(w.lr), "--threads", str(threads), "--save-steps", saves,
+            "--micro-batches", str(micro_batches),
             *(["--config", str(ROOT / w.config)] if w.config else [])]
     t0 = time.perf_counter()
     # Threads that wait sleep instead of spinning: with spinning, two torch threads on a shared

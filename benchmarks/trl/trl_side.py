@@ -35,6 +35,8 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--task-seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-batches", type=int, default=1,
+                    help="train each step's completions in this many micro-batches (gradient accumulation)")
     ap.add_argument("--save-steps", default="", help="comma-separated steps to save a checkpoint at")
     ap.add_argument("--config", type=Path, default=None,
                     help="a tokenflow config file: its dataset task and batch, sampling, schedule, precision")
@@ -141,10 +143,18 @@ def main(argv=None) -> int:
                 mark["checkpoint"] = str(path)
             marks.append(mark)
 
+    batch = args.prompts_per_step * args.group_size
+    if args.micro_batches < 1 or batch % args.micro_batches:
+        raise SystemExit(f"--micro-batches {args.micro_batches} must divide the {batch} completions of a step")
     config = GRPOConfig(
         output_dir=str(args.out / "trainer"), seed=args.seed, data_seed=args.seed, use_cpu=True,
-        max_steps=args.steps, per_device_train_batch_size=args.prompts_per_step * args.group_size,
-        gradient_accumulation_steps=1, num_generations=args.group_size, shuffle_dataset=False,
+        # One generation batch of prompts x group completions per optimizer step, trained in
+        # --micro-batches pieces: TRL's "dapo" loss divides by the generation batch's token count,
+        # so the accumulated gradient is the one-piece gradient (float32 on a CPU without bfloat16
+        # units does not fit 64 completions of SmolLM2 in 24 GB).
+        max_steps=args.steps, per_device_train_batch_size=batch // args.micro_batches,
+        gradient_accumulation_steps=args.micro_batches, steps_per_generation=args.micro_batches,
+        num_generations=args.group_size, shuffle_dataset=False,
         max_completion_length=args.max_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
         learning_rate=args.lr, lr_scheduler_type=settings["schedule"],
         lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio} if settings["schedule"] != "constant" else {},
@@ -171,7 +181,7 @@ def main(argv=None) -> int:
         "side": "trl", "steps": args.steps, "train_wall_s": train_wall,
         "process_wall_s": time.perf_counter() - t_process,
         "completion_tokens": counted["completion_tokens"], "samples": counted["samples"],
-        "marks": marks, "step_prompts": step_prompts, "settings": settings, "threads": args.threads, "load_average": list(os.getloadavg()),
+        "marks": marks, "step_prompts": step_prompts, "settings": settings, "threads": args.threads, "micro_batches": args.micro_batches, "load_average": list(os.getloadavg()),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "log_history": trainer.state.log_history,
     }

@@ -66,3 +66,37 @@ def test_trl_side_runs(tmp_path):
     assert [p["step"] for p in run["points"]] == [0, 1, 2]
     assert run["extra"]["versions"]["trl"] == "1.16.0"
     assert run["extra"]["prompts_in_stream_order"]  # TRL trained on tokenflow's prompts, in order
+
+
+@pytest.mark.skipif(not (TRL_VENV / "bin" / "python").exists(),
+                    reason="no TRL environment at .venv-trl (python benchmarks/trl/run.py --setup builds it)")
+def test_trl_micro_batches_train_the_same_step(tmp_path):
+    """`--trl-micro-batches` only splits the backward pass: one step trained in 4 micro-batches
+    lands on the weights of the one-piece step (same seed, so the same completions)."""
+    from safetensors.torch import load_file
+
+    from tokenflow.model_store import resolve_model_path
+
+    weights = {}
+    for pieces in (1, 4):
+        out = tmp_path / f"mb{pieces}"
+        r = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "benchmarks" / "trl" / "trl_side.py"),
+                            "--model", resolve_model_path("default"), "--out", str(out), "--steps", "1",
+                            "--seed", "0", "--threads", "2", "--micro-batches", str(pieces)],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert json.loads((out / "result.json").read_text())["micro_batches"] == pieces
+        weights[pieces] = load_file(out / "model" / "model.safetensors")
+    start = load_file(Path(resolve_model_path("default")) / "model.safetensors")
+    moved = 0.0
+    for name, w in weights[1].items():
+        step = (w - start[name]).abs().max().item()
+        moved = max(moved, step)
+        # Adam's first step moves a weight by lr * g / (|g| + eps), about lr * sign(g) (lr = 3e-4),
+        # so one step compares the gradients' signs: a loss that weighted the four micro-batches
+        # otherwise than the one piece flips the entries where they pull different ways, and moves
+        # those weights 2 * lr apart. (A constant factor on the whole gradient would not show and
+        # does not matter to Adam.) Summation order changes a float32 gradient in its last bits;
+        # lr / 30 leaves room for that at entries near zero, where eps sets the step's size.
+        assert (weights[4][name] - w).abs().max().item() < 1e-5, name
+    assert moved > 1e-4  # the step did move the weights
