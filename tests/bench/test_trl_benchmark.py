@@ -83,7 +83,8 @@ def test_trl_micro_batches_train_the_same_step(tmp_path):
         r = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "benchmarks" / "trl" / "trl_side.py"),
                             "--model", resolve_model_path("default"), "--out", str(out), "--steps", "1",
                             "--seed", "0", "--threads", "2", "--micro-batches", str(pieces)],
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         assert r.returncode == 0, r.stderr[-4000:]
         assert json.loads((out / "result.json").read_text())["micro_batches"] == pieces
         weights[pieces] = load_file(out / "model" / "model.safetensors")
