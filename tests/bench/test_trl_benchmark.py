@@ -19,13 +19,19 @@ import pytest
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "benchmarks" / "trl" / "run.py"
 TRL_VENV = ROOT / ".venv-trl"
+needs_trl = pytest.mark.skipif(not (TRL_VENV / "bin" / "python").exists(),
+                               reason="no TRL environment at .venv-trl (python benchmarks/trl/run.py --setup builds it)")
+
+
+def env_with_src() -> dict[str, str]:
+    """The environment with tokenflow's sources first on PYTHONPATH (as benchmarks/trl/sides.py runs its sides)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
 
 def run_script(out: Path, sides: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, str(SCRIPT), "--workloads", "default", "--steps", "2", "--seeds", "0",
                         "--sides", sides, "--eval-limit", "16", "--curve-every", "1", "--out", str(out), *extra],
-                       capture_output=True, text=True, env=env, timeout=900)
+                       capture_output=True, text=True, env=env_with_src(), timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r
 
@@ -55,8 +61,7 @@ def test_tokenflow_sides_run_and_a_missing_trl_environment_is_skipped_with_a_rea
     assert "| default | tokenflow-sync |" in r.stdout
 
 
-@pytest.mark.skipif(not (TRL_VENV / "bin" / "python").exists(),
-                    reason="no TRL environment at .venv-trl (python benchmarks/trl/run.py --setup builds it)")
+@needs_trl
 def test_trl_side_runs(tmp_path):
     run_script(tmp_path, "trl")
     results = json.loads((tmp_path / "results.json").read_text())
@@ -68,8 +73,7 @@ def test_trl_side_runs(tmp_path):
     assert run["extra"]["prompts_in_stream_order"]  # TRL trained on tokenflow's prompts, in order
 
 
-@pytest.mark.skipif(not (TRL_VENV / "bin" / "python").exists(),
-                    reason="no TRL environment at .venv-trl (python benchmarks/trl/run.py --setup builds it)")
+@needs_trl
 def test_trl_micro_batches_train_the_same_step(tmp_path):
     """`--trl-micro-batches` only splits the backward pass: one step trained in 4 micro-batches
     lands on the weights of the one-piece step (same seed, so the same completions)."""
@@ -83,8 +87,7 @@ def test_trl_micro_batches_train_the_same_step(tmp_path):
         r = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "benchmarks" / "trl" / "trl_side.py"),
                             "--model", resolve_model_path("default"), "--out", str(out), "--steps", "1",
                             "--seed", "0", "--threads", "2", "--micro-batches", str(pieces)],
-                           capture_output=True, text=True, timeout=900,
-                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                           capture_output=True, text=True, timeout=900, env=env_with_src())
         assert r.returncode == 0, r.stderr[-4000:]
         assert json.loads((out / "result.json").read_text())["micro_batches"] == pieces
         weights[pieces] = load_file(out / "model" / "model.safetensors")
