@@ -74,6 +74,11 @@ class AttentionContext:
     """Extend: the batch row each entry's keys/values come from, [M]."""
     token_index: torch.Tensor | None = None
     """Extend: the entry's index within its row (0 = the row's first new token), [M]."""
+    pack_index: torch.Tensor | None = None
+    """Packed prefill: where each of the pass's T tokens sits in the prompts right-padded to
+    ``[G, L]`` (``pack_shape``), as a flat row index ``g * L + position``, [T]."""
+    pack_shape: tuple[int, int] = (0, 0)
+    """Packed prefill: ``(G, L)``, the prompts and the longest prompt."""
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
@@ -86,6 +91,29 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
     if layer in ctx.windowed:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.window_mask, scale=scale, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+
+def packed_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
+                             layer: int, scale: float) -> torch.Tensor:
+    """A prefill whose prompts come packed, one token after another (no padding in the products
+    around attention): ``q`` [T, H, D], ``k``/``v`` [T, KVH, D] -> [T, H * D].
+
+    Attention itself runs as `prefill_attention` on the prompts right-padded to ``[G, L]``, each
+    prompt causal on its own: spreading the tokens into that grid (zeros elsewhere, so the
+    padding the cache receives is finite and masks cleanly) costs two copies a layer, where
+    attention over the packed tokens with a block-diagonal mask would cost T² per head."""
+    grid = [_unpack(x, ctx) for x in (q, k, v)]
+    out = prefill_attention(*grid, ctx, layer, scale)  # [G, H, L, D]
+    heads, dim = q.shape[1], q.shape[2]
+    return out.transpose(1, 2).reshape(-1, heads * dim).index_select(0, ctx.pack_index)
+
+
+def _unpack(x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """[T, heads, D] packed tokens -> [G, heads, L, D], right-padded with zeros."""
+    groups, length = ctx.pack_shape
+    grid = x.new_zeros(groups * length, x.shape[1], x.shape[2])
+    grid.index_copy_(0, ctx.pack_index, x)
+    return grid.view(groups, length, x.shape[1], x.shape[2]).transpose(1, 2)
 
 
 def decode_split(lengths: list[int]) -> tuple[int, list[int]] | None:

@@ -20,6 +20,7 @@ from tokenflow.engine.builtin.models.attention import (
     AttentionContext,
     decode_attention,
     extend_attention,
+    packed_prefill_attention,
     prefill_attention,
 )
 from tokenflow.engine.builtin.models.packed import Linear, pack_linears
@@ -101,6 +102,8 @@ class LlamaAttention(nn.Module):
         v = qkv[:, :, heads:]
         if ctx.kind == "decode":
             out = decode_attention(q[:, 0], k[:, 0], v[:, 0], ctx, layer, self.scaling)
+        elif ctx.pack_index is not None:
+            out = packed_prefill_attention(q[0], k[0], v[0], ctx, layer, self.scaling)
         else:
             attend = extend_attention if ctx.kind == "extend" else prefill_attention
             out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
