@@ -48,6 +48,16 @@ class EngineConfig(ConfigModel):
     prompts, 64 at a time, held 1.16 GB with 32 against 1.24-1.27 with oneDNN's default, at
     the same speed (`tokenflow.host_memory.limit_onednn_cache`). None: oneDNN's default."""
 
+    keep_host_memory_mb: int = Field(default=128, ge=0)
+    """Built-in engine on the CPU: how much freed memory the process's heap keeps for the next
+    step, in MiB, instead of handing it back to the kernel and paying a page fault per fresh
+    4 KB next time (glibc's malloc; `tokenflow.host_memory.keep_freed_memory`). A decode step
+    makes and drops its logits and the sampler's buffers, [rows, vocabulary] each: SmolLM2-135M
+    on the bench's workload took 106-160 thousand faults a run with glibc's defaults against
+    5-12 thousand with 128. The process may hold up to this much more than it uses (counted by
+    `--dry-run`'s estimate); a trainer in the same process that keeps everything
+    (``trainer.keep_host_memory``) wins. 0: glibc's defaults."""
+
     pack_weights: bool = True
     """Built-in engine on the CPU: also keep each linear layer's weight in oneDNN's pre-packed
     layout (in float32, the weights of at least 2^18 elements), packed again after every weight

@@ -160,7 +160,7 @@ class TrainerConfig(ConfigModel):
     keep_host_memory: bool = True
     """On a CPU trainer, keep the memory a step frees for the next step instead of giving it back
     to the operating system (glibc's malloc: no trimming, no mmap for large blocks;
-    `tokenflow.trainer.model.memory.keep_freed_memory`). Steps then stop paying a page fault for every fresh 4 KB of
+    `tokenflow.host_memory.keep_freed_memory`). Steps then stop paying a page fault for every fresh 4 KB of
     activations; the process holds a step's peak memory. Off: memory goes back after each step,
     the free holes inside the heap too (glibc's ``malloc_trim``, `tokenflow.host_memory`), so the
     process holds one step's need rather than what fragments of differently sized micro-batches

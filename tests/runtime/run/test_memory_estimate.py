@@ -126,3 +126,14 @@ def test_a_bfloat16_engines_packed_weights_are_counted(default_model, monkeypatc
     assert "packed_weights" not in engine("--engine.dtype", "float32")
     monkeypatch.setattr(memory_estimate, "cpu_onednn_bf16", lambda: False)
     assert "packed_weights" not in engine("--engine.dtype", "bfloat16")
+
+
+def test_the_heap_a_cpu_engine_keeps_is_counted(default_model):
+    """engine.keep_host_memory_mb lets a CPU engine's heap keep that much freed memory
+    (tests/engine/test_engine_host_memory.py): the estimate counts it, and nothing with 0."""
+    def engine(*overrides: str) -> dict:
+        return estimate(small_config("--engine.device", "cpu", *overrides), default_model).parts["engine"]
+
+    assert engine()["kept_heap"] == 128 << 20
+    assert engine("--engine.keep_host_memory_mb", "512")["kept_heap"] == 512 << 20
+    assert "kept_heap" not in engine("--engine.keep_host_memory_mb", "0")

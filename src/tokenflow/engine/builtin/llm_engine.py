@@ -31,7 +31,7 @@ from tokenflow.config.engine import EngineConfig
 from tokenflow.engine.backends import BUILTIN
 from tokenflow.engine.base import TokenDelta, collect_samples
 from tokenflow.engine.errors import InvalidRequest
-from tokenflow.host_memory import limit_onednn_cache
+from tokenflow.host_memory import keep_freed_memory, limit_onednn_cache
 from tokenflow.engine.loading.loader import (
     as_hf_config,
     as_id_list,
@@ -95,6 +95,8 @@ class Engine:
         cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
         self.device = torch.device("cuda" if cuda else "cpu")
         limit_onednn_cache(config.onednn_cache_capacity, self.device.type)  # before any kernel is built
+        if self.device.type == "cpu" and config.keep_host_memory_mb:
+            keep_freed_memory(config.keep_host_memory_mb << 20)
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                       "auto": torch.bfloat16 if cuda else torch.float32}[config.dtype]
         hf_config = as_hf_config(hf_config)

@@ -214,6 +214,8 @@ def estimate(cfg, model: str | Path, prompt_tokens: int = PROMPT_TOKENS) -> Esti
         width = 2 if e.dtype == "bfloat16" else 4
         kv = 2 * m.layers * m.kv_dim * width * e.max_num_seqs * seq
         engine |= {"weights": width * m.params, "kv_cache": 1.5 * kv}  # growing copies the old cache
+        if e.keep_host_memory_mb:  # freed memory the heap keeps for the next step
+            engine["kept_heap"] = e.keep_host_memory_mb << 20
         if e.pack_weights and e.dtype == "bfloat16" and cpu_onednn_bf16():
             # oneDNN's packed copies of the linear weights: every weight but an untied embedding
             # (counted whole: a little high for untied models)
