@@ -138,7 +138,7 @@ class Sampler:
                 temp = torch.where(temp == 0, torch.ones_like(temp), temp)
             z = logits / temp[:, None]  # promotes to float32 (exactly) before dividing
         zmax = z.amax(dim=1, keepdim=True)
-        e = torch.exp(z - zmax)  # unnormalised softmax(z)
+        e = torch.sub(z, zmax).exp_()  # unnormalised softmax(z), in the one new [rows, vocab] block
         total = e.sum(dim=1)
         kept = total
         support = None
