@@ -48,12 +48,7 @@ from tokenflow.engine.builtin.scheduler import Scheduler
 from tokenflow.engine.builtin.sequence import Sequence, SequenceGroup, make_group
 from tokenflow.engine.stats import EngineStats
 from tokenflow.engine.builtin.weight_update import apply_pending, apply_update
-from tokenflow.engine.loading.weights import (
-    NamedTensors,
-    as_dict,
-    check_weights,
-    weights_checksum,
-)
+from tokenflow.engine.loading.weights import NamedTensors, as_dict, check_weights, weights_checksum
 from tokenflow.metrics.trace import record
 from tokenflow.rollout import Rollout
 
