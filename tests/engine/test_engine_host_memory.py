@@ -6,15 +6,12 @@ in the same process that keeps everything."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.probe import run_probe
 
 # Build a tiny engine with the setting, then play four rounds of a decode's buffers as the batch
 # shrinks from 64 rows to 4 (three [rows, 49,152] float32 blocks each step: the logits, the
@@ -44,10 +41,7 @@ _PROBE = textwrap.dedent("""
 
 
 def _probe(mb: int, order: str = "engine") -> dict:
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(mb), order], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe(_PROBE, str(mb), order)
 
 
 @pytest.mark.slow  # three fresh processes that import torch

@@ -4,15 +4,13 @@ asked for again comes back without page faults, where glibc alone would unmap it
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.probe import ROOT, run_probe
 
 # Build a Trainer, then take and free a 64 MB tensor eight times. Off: glibc maps blocks over its
 # mmap threshold (at most 32 MB) and unmaps them on free, so every take costs 16,384 faults. On:
@@ -37,10 +35,7 @@ _PROBE = textwrap.dedent("""
 
 
 def _faults(keep: str) -> tuple[int, int]:
-    done = subprocess.run([sys.executable, "-c", _PROBE, keep], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_probe(_PROBE, keep)
     return out["faults"], out["pages"]
 
 
@@ -79,10 +74,7 @@ _HOLES = textwrap.dedent("""
 
 
 def _step_rss(keep: str, *bound: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _HOLES, keep, *bound], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe(_HOLES, keep, *bound)
 
 
 @pytest.mark.slow  # two fresh processes that import torch
