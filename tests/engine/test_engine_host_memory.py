@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.probe import run_probe
+from tests.probe_testlib import run_probe
 
 # Build a tiny engine with the setting, then play four rounds of a decode's buffers as the batch
 # shrinks from 64 rows to 4 (three [rows, 49,152] float32 blocks each step: the logits, the

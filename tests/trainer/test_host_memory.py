@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.probe import ROOT, run_probe
+from tests.probe_testlib import ROOT, run_probe
 
 # Build a Trainer, then take and free a 64 MB tensor eight times. Off: glibc maps blocks over its
 # mmap threshold (at most 32 MB) and unmaps them on free, so every take costs 16,384 faults. On:
