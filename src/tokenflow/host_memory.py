@@ -59,8 +59,8 @@ def keep_freed_memory(up_to: int | None = None) -> bool:
     thread: the forward took 13-19 s while the heap grew (2M faults) and 4 s after (none). An
     engine: SmolLM2-135M's decode steps make and drop [rows, 49,152] float32 logits and the
     sampler's buffers of the same size (12.6 MB each at 64 rows), and the bench's workload took
-    106-160 thousand faults a run (0.40-0.56 s of system time) against 5-12 thousand (0.09 s)
-    with 128 MB kept. Kept without bound, the heap grows to a step's peak once and is reused,
+    106-345 thousand faults a run (0.40-0.95 s of system time) against 2-12 thousand
+    (0.06-0.10 s) with 128 MiB kept, once the heap had grown. Kept without bound, the heap grows to a step's peak once and is reused,
     and the process holds that peak; bounded, it holds at most ``up_to`` more than it uses."""
     global _kept
     want = math.inf if up_to is None else float(up_to)

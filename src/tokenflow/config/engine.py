@@ -53,8 +53,8 @@ class EngineConfig(ConfigModel):
     step, in MiB, instead of handing it back to the kernel and paying a page fault per fresh
     4 KB next time (glibc's malloc; `tokenflow.host_memory.keep_freed_memory`). A decode step
     makes and drops its logits and the sampler's buffers, [rows, vocabulary] each: SmolLM2-135M
-    on the bench's workload took 106-160 thousand faults a run with glibc's defaults against
-    5-12 thousand with 128. The process may hold up to this much more than it uses (counted by
+    on the bench's workload took 106-345 thousand faults a run with glibc's defaults against
+    2-12 thousand with 128 once its heap had grown (docs/engine.md). The process may hold up to this much more than it uses (counted by
     `--dry-run`'s estimate); a trainer in the same process that keeps everything
     (``trainer.keep_host_memory``) wins. 0: glibc's defaults."""
 
