@@ -80,15 +80,6 @@ def keep_freed_memory(up_to: int | None = None) -> bool:
     return done
 
 
-@functools.cache
-def _mallopt():
-    """glibc's ``mallopt``, looked up and typed once per process."""
-    mallopt = libc_function("mallopt")
-    if mallopt is not None:
-        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt
-
-
 def release_freed_memory() -> bool:
     """Hand the free pages of every malloc arena back to the kernel (glibc's ``malloc_trim``).
 
@@ -120,13 +111,22 @@ def read_status_kb(pid: int, key: str = "VmHWM", proc: str = "/proc") -> int | N
 
 
 @functools.cache
+def _typed(name: str, argtypes: tuple, restype):
+    """The C library's function ``name`` with its C signature, looked up once per process (a
+    trainer calls ``malloc_trim`` every step, an engine after every weight update); None where
+    `libc_function` finds none."""
+    fn = libc_function(name)
+    if fn is not None:
+        fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
+
+
+def _mallopt():
+    return _typed("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+
+
 def _malloc_trim():
-    """glibc's ``malloc_trim``, looked up and typed once per process (a trainer calls it every
-    step, an engine after every weight update)."""
-    trim = libc_function("malloc_trim")
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    return _typed("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
 
 
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"

@@ -17,7 +17,7 @@ from tests.probe_testlib import run_probe
 # shrinks from 64 rows to 4 (three [rows, 49,152] float32 blocks each step: the logits, the
 # sampler's exponentials and cumulative sums). glibc's own thresholds follow the blocks it frees,
 # and a step that frees more than twice the largest block at the heap's top has it trimmed, so
-# every round faults again (6,144-17,881 faults a round in four runs here); kept, the rounds after
+# every round faults again (6,144-17,881 faults a round, four rounds of one run here); kept, the rounds after
 # the heap has grown take none. The last two rounds are counted.
 _PROBE = textwrap.dedent("""
     import json, resource, sys
