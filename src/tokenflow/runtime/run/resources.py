@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import logging
 import multiprocessing.process as mp_process
@@ -101,6 +102,11 @@ def run_resources(run_dir: Path):
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         tag = run_tag(run_dir)
+        # An earlier run of the same folder in this process (train, then resume, in one notebook)
+        # may still own semaphores in unreachable cycles: collected now, their finalizers unlink
+        # and unregister them. Removed below instead, each finalizer and the resource tracker
+        # would later fail on the missing file and print a warning apiece at exit.
+        gc.collect()
         remove_leftovers(tag)
         config = mp_process.current_process()._config  # noqa: SLF001 - the only hook for semaphore names
         old_prefix, old_env = config.get("semprefix"), os.environ.get(RUN_TAG_ENV)
