@@ -5,10 +5,7 @@ tracker print a warning at exit (`tokenflow.runtime.run.resources.run_resources`
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.probe_testlib import ROOT
+from tests.probe_testlib import run_script
 
 PROBE = """
 import gc, multiprocessing as mp, sys
@@ -32,8 +29,6 @@ print("semaphores", made)
 
 
 def test_a_second_run_of_a_folder_in_one_process_leaves_no_warnings(tmp_path):
-    done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_script(PROBE, str(tmp_path), timeout=120)
     assert int(done.stdout.split()[-1]) >= 1  # the queue's semaphores carried the run's tag
     assert "resource_tracker" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
