@@ -39,10 +39,10 @@ def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_clus
     run = tmp_path / "run"
     cfg = small_config("--rollout.max_staleness", "2", "--run.steps", "7", "--run.checkpoint_every", "0",
                        "--runtime.max_engine_restarts", "2", "--run.save_rollouts", "true",
-                       # Every sequence trained: with the zero-advantage skip the trainer outpaces
-                       # generation and overtaken stragglers can be 3 versions old, which would
-                       # blur the age bound below (it is there to catch version-0 tokens).
-                       "--trainer.skip_zero_advantage", "false",
+                       # Batches in admission order: no straggler is overtaken, so no trained token
+                       # is older than max_staleness (tokenflow.buffer) and the age bound below is
+                       # exact. Under "ready" an overtaken straggler was once 3 versions old.
+                       "--rollout.batch_order", "admission",
                        "--sync.transport", transport, *RAY)
     killed = {}
     killer = kill_after_steps(run, "engine", 2, killed)
@@ -70,7 +70,8 @@ def test_killed_engine_actor_comes_back_and_no_prompt_is_lost(tmp_path, ray_clus
         assert regenerated  # the oldest groups: consumed first once ready
         assert min(ro["versions"][0] for ro in regenerated) >= killed["after_step"]
     # Either way nothing was generated from the weights it was built with: no token trained on
-    # is older than max_staleness (a version-0 token would be ≥ 5 steps old by then).
+    # is older than max_staleness, which admission order guarantees for tokens from the weights
+    # the engine was sent (a version-0 token from a fresh engine would be 3+ steps old by then).
     assert max(r["offpolicy/token_age_max"] for r in rows) <= 2
     # No prompt lost or repeated: every admitted prompt was consumed once or is still in flight.
     consumed = [p for line in ledger(run) for p in line["prompt_ids"]]
