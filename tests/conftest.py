@@ -33,42 +33,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# Modules whose tests (those not marked slow) may run beside an exclusive test: in-process (a
-# loopback server in a thread at most) or one child process the test waits for, one torch thread,
-# no sandbox, no deadline in wall-clock time, no /dev/shm entry named psm_* or SysV segment
-# (tests/scoring/sandbox_testlib.py: what the attacks count as left behind). A module added here
-# must keep to that; a slow test in one takes the lock as any other.
-BESIDE_EXCLUSIVE = (
-    "tests/algorithms/", "tests/config/", "tests/sim/", "tests/tinker/", "tests/sync/",
-    "tests/test_buffer.py", "tests/test_buffer_accounting.py", "tests/test_rollout_record.py",
-    "tests/runtime/run/test_memory_estimate.py", "tests/runtime/run/test_memory_budget.py",
-    "tests/runtime/drivers/test_episodes.py", "tests/runtime/view/test_library_handlers.py",
-    "tests/trainer/test_training.py", "tests/trainer/test_skip_zero_advantage.py",
-    "tests/trainer/test_mini_batches.py", "tests/trainer/test_prox_from_forward.py",
-    "tests/trainer/test_weight_casts.py", "tests/trainer/test_keep_routing.py",
-    "tests/trainer/test_checkpoint.py", "tests/trainer/test_shared_prompts.py",
-)
-
-
-def _beside_exclusive(item) -> bool:
-    path = Path(item.path).relative_to(item.config.rootpath).as_posix()
-    return (path.startswith(BESIDE_EXCLUSIVE) and item.get_closest_marker("slow") is None
-            and not _exclusive(item))
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (worksteal hands each worker half of the collection, in order): exclusive
-    tests first, and the tests that may run beside them first in the second half, so that one
-    worker's exclusive block meets the other's lock-free block. Every worker sorts alike."""
-    if _lock_files() is None:
-        return
-    first = [i for i in items if _exclusive(i)]
-    beside = [i for i in items if _beside_exclusive(i)]
-    rest = [i for i in items if not _exclusive(i) and not _beside_exclusive(i)]
-    cut = max(0, len(items) // 2 - len(first))
-    items[:] = first + rest[:cut] + beside + rest[cut:]
-
-
 def _lock_files(run: str | None = None) -> tuple[Path, Path] | None:
     run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id shared by the workers of one run
     if run is None:
@@ -112,9 +76,6 @@ _held: dict = {}  # this worker's exclusive lock, while the next test is exclusi
 def pytest_runtest_protocol(item, nextitem):
     files = _lock_files()
     if files is None:
-        yield
-        return
-    if _beside_exclusive(item):
         yield
         return
     exclusive = _exclusive(item)
