@@ -41,6 +41,8 @@ class ModelRunner:
         self.parked = ParkedKV(max_parked)
         self.last_hidden: torch.Tensor | None = None
         """The last prefill's hidden states, [G, L, H], when it was asked to keep them."""
+        self.attention_kernel = None
+        """Decode attention's compiled CPU kernel (set by the engine; None: PyTorch's operations)."""
 
     def _long(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -198,8 +200,16 @@ class ModelRunner:
             self.cache.ensure(batch, length, longest)
         else:
             self.cache.ensure(batch, length)
+        ctx = (self._kernel_context(positions, length) if self.attention_kernel is not None
+               else self._masked_context(seqs, positions, length))
+        hidden = self._forward_recorded(ids, positions[:, None], ctx)
+        return self.model.compute_logits(hidden[:, 0], float32=False)
+
+    def _masked_context(self, seqs: list[Sequence], positions: torch.Tensor, length: int) -> AttentionContext:
+        """A decode step attended with PyTorch's operations over ``[:length]`` of every row,
+        the positions past each row's end (and behind a window) masked."""
         past_end = torch.arange(length, device=self.device)[None, :] > positions[:, None]
-        key_bias = torch.zeros(batch, 1, 1, length, dtype=self.dtype, device=self.device)
+        key_bias = torch.zeros(len(seqs), 1, 1, length, dtype=self.dtype, device=self.device)
         key_bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
         ctx = AttentionContext("decode", cache=self.cache, write_index=self.cache.decode_index(positions),
                                length=length, key_bias=key_bias)
@@ -212,8 +222,20 @@ class ModelRunner:
             behind = torch.arange(length, device=self.device)[None, :] <= positions[:, None] - window
             ctx.window_bias = key_bias.masked_fill(behind[:, None, None, :], float("-inf"))
             ctx.windowed = self.model.windowed_layers
-        hidden = self._forward_recorded(ids, positions[:, None], ctx)
-        return self.model.compute_logits(hidden[:, 0], float32=False)
+        return ctx
+
+    def _kernel_context(self, positions: torch.Tensor, length: int) -> AttentionContext:
+        """A decode step attended by the compiled kernel: each row reads its own positions only
+        (no masks, and no split for long-tailed batches: a short row costs its own length)."""
+        ends = positions + 1
+        ctx = AttentionContext("decode", cache=self.cache, write_index=self.cache.decode_index(positions),
+                               length=length, kernel=self.attention_kernel, row_ends=ends,
+                               row_starts=torch.zeros_like(ends))
+        window = self.model.window
+        if window is not None and length > window:
+            ctx.window_starts = (ends - window).clamp_(min=0)
+            ctx.windowed = self.model.windowed_layers
+        return ctx
 
     def _forward_recorded(self, ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """The forward pass; with routing recorded into `last_routing` (one host copy per step)."""

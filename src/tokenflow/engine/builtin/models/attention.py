@@ -23,6 +23,7 @@ once per forward pass and used by the windowed layers (``ctx.windowed``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,6 +80,15 @@ class AttentionContext:
     ``[G, L]`` (``pack_shape``), as a flat row index ``g * L + position``, [T]."""
     pack_shape: tuple[int, int] = (0, 0)
     """Packed prefill: ``(G, L)``, the prompts and the longest prompt."""
+    kernel: Callable | None = None
+    """Decode: the compiled CPU kernel (`tokenflow.engine.builtin.kernels.DecodeAttention`); it
+    reads each row's own positions, ``row_starts[b] <= j < row_ends[b]``, instead of the masks."""
+    row_ends: torch.Tensor | None = None
+    """Decode, kernel: each row's length after this step's token, int64 [B]."""
+    row_starts: torch.Tensor | None = None
+    """Decode, kernel: zeros, int64 [B] (every position from the first)."""
+    window_starts: torch.Tensor | None = None
+    """Decode, kernel, windowed layers: each row's first position inside the window, int64 [B]."""
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
@@ -155,6 +165,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Att
     # [B, KVH, group, D] queries meet [B, KVH, L, D] keys head for head.
     q = q.view(batch, kv_heads, heads // kv_heads, dim)
     windowed = layer in ctx.windowed
+    if ctx.kernel is not None:
+        starts = ctx.window_starts if windowed else ctx.row_starts
+        return ctx.kernel(q, k_cache, v_cache, starts, ctx.row_ends, scale).view(batch, heads * dim)
     bias = ctx.window_bias if windowed else ctx.key_bias
     split = ctx.long_rows is not None and not windowed
     length = ctx.short_length if split else ctx.length
