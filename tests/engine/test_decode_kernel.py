@@ -1,4 +1,4 @@
-"""The compiled decode-attention kernel (engine.attention_kernel): against attention computed in
+"""The compiled decode-attention kernel (engine.cpu_kernels): against attention computed in
 float64 from the same inputs, within bounds derived from float32's and bfloat16's rounding; rows
 read only their own positions; an engine on it matches transformers; and without a compiler the
 engine says why and attends with PyTorch's operations."""
@@ -67,13 +67,32 @@ def case(dtype, batch, kv_heads, group, dim, capacity, seed):
     return q, k_cache, v_cache, starts, ends
 
 
+def new_rows(q, seed):
+    """This step's keys and values, [B, KVH, D], as strided views (the kernel takes them so)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, kv_heads, _, dim = q.shape
+    wide = torch.randn(batch, kv_heads, 2 * dim, generator=gen).to(q.dtype)
+    return wide[..., :dim], wide[..., dim:]
+
+
+def written(cache, new, ends):
+    """The cache as the kernel leaves it: row b's new key/value at position ends[b] - 1."""
+    cache = cache.clone()
+    for b in range(new.shape[0]):
+        cache[b, :, int(ends[b]) - 1] = new[b]
+    return cache
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group,dim", [(1, 32), (3, 64), (4, 24), (7, 128), (8, 16), (2, 80), (16, 8)])
 def test_kernel_matches_float64_attention(dtype, group, dim):
     q, k_cache, v_cache, starts, ends = case(dtype, 9, 2, group, dim, 37, seed=group * dim)
+    k, v = new_rows(q, seed=dim)
+    want_k, want_v = written(k_cache, k, ends), written(v_cache, v, ends)
     scale = dim**-0.5
-    got = kernel_for(dtype, group, dim)(q, k_cache, v_cache, starts, ends, scale)
+    got = kernel_for(dtype, group, dim)(q, k_cache, v_cache, k, v, starts, ends, scale)
     assert got.dtype == dtype and got.shape == q.shape
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # the new rows, nothing else
     want = reference(q, k_cache, v_cache, starts, ends, scale)
     bound = error_bound(q, k_cache, v_cache, starts, ends, scale, want, dtype)
     excess = (got.double() - want).abs() - bound
@@ -89,7 +108,8 @@ def test_rows_read_only_their_own_positions():
         for b in range(6):
             cache[b, :, : int(starts[b])] = float("nan")
             cache[b, :, int(ends[b]):] = float("nan")
-    got = kernel_for(torch.bfloat16, 3, 64)(q, k_cache, v_cache, starts, ends, 0.125)
+    k, v = k_cache[torch.arange(6), :, ends - 1], v_cache[torch.arange(6), :, ends - 1]  # rewrite what is there
+    got = kernel_for(torch.bfloat16, 3, 64)(q, k_cache, v_cache, k, v, starts, ends, 0.125)
     assert torch.isfinite(got).all()
     clean = [torch.nan_to_num(c, nan=0.0) for c in (k_cache, v_cache)]
     want = reference(q, *clean, starts, ends, 0.125)
@@ -135,8 +155,11 @@ def test_without_a_compiler_the_engine_says_why_and_attends_with_torch(monkeypat
 
 def test_a_kernel_built_for_another_shape_refuses_the_call():
     q, k_cache, v_cache, starts, ends = case(torch.float32, 2, 1, 3, 64, 5, seed=0)
+    k, v = new_rows(q, seed=0)
     with pytest.raises(ValueError, match="another shape"):
-        kernel_for(torch.float32, 4, 64)(q, k_cache, v_cache, starts, ends, 0.125)
+        kernel_for(torch.float32, 4, 64)(q, k_cache, v_cache, k, v, starts, ends, 0.125)
+    with pytest.raises(ValueError, match="rows end at positions"):  # a write past the cache: refused
+        kernel_for(torch.float32, 3, 64)(q, k_cache, v_cache, k, v, starts, ends + 5, 0.125)
 
 
 def test_unsupported_shapes_are_named():
@@ -148,6 +171,6 @@ def test_unsupported_shapes_are_named():
 
 def test_switched_off_nothing_is_built(monkeypatch, tmp_path):
     monkeypatch.setenv("TOKENFLOW_CACHE", str(tmp_path))
-    engine = make_engine(hf_model("llama", seed=1), attention_kernel=False)
+    engine = make_engine(hf_model("llama", seed=1), cpu_kernels=False)
     assert engine.runner.attention_kernel is None
     assert not (tmp_path / "kernels").exists()

@@ -1,6 +1,6 @@
 """The decode split: a batch with a few long rows attends over the short rows' length, and the
 long rows again over every position. The logits must stay those of transformers. (With
-``engine.attention_kernel`` each row reads its own length and nothing is split:
+``engine.cpu_kernels`` each row reads its own length and nothing is split:
 tests/engine/test_decode_kernel.py.)"""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_split_decode_matches_transformers(family, monkeypatch):
 
     monkeypatch.setattr(model_runner, "decode_split", counted)
     hf = hf_model(family, seed=2)
-    engine = make_engine(hf, attention_kernel=False)  # the split serves PyTorch's attention only
+    engine = make_engine(hf, cpu_kernels=False)  # the split serves PyTorch's attention only
     rec = LogitsRecorder()
     engine.logits_hook = rec
     gen = torch.Generator().manual_seed(5)

@@ -53,8 +53,8 @@ def test_packed_weights_generate_what_plain_ones_do_and_follow_every_update():
 def test_the_engine_names_what_packing_costs_when_it_starts(caplog):
     hf = hf_model("llama", seed=1)
     with caplog.at_level("INFO", logger="tokenflow.engine.builtin.llm_engine"):
-        packed = make_engine(hf, dtype="bfloat16", pack_weights=True, attention_kernel=False)
-        make_engine(hf, dtype="bfloat16", pack_weights=False, attention_kernel=False)
+        packed = make_engine(hf, dtype="bfloat16", pack_weights=True, cpu_kernels=False)
+        make_engine(hf, dtype="bfloat16", pack_weights=False, cpu_kernels=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
     assert len(lines) == 2
     assert lines[0].endswith(f"linear weights also packed for oneDNN ({packed.model.packed_bytes / 1e6:.0f} MB; "

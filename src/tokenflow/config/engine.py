@@ -69,16 +69,17 @@ class EngineConfig(ConfigModel):
     `--dry-run`'s estimate, named in the engine's start-up line), and the repacking after each
     update (0.12-0.23 s for SmolLM2 on two threads). Off where memory is tighter than time."""
 
-    attention_kernel: bool = True
-    """Built-in engine on the CPU: attend a decode step with tokenflow's own kernel
+    cpu_kernels: bool = True
+    """Built-in engine on the CPU: run decode attention and RMSNorm in tokenflow's own kernels
     (`tokenflow/engine/builtin/kernels`), compiled for the CPU at hand on first use with the
-    system's C++ compiler (``$CXX``, else ``c++``; about a second, once per machine and model
-    shape, cached in tokenflow's cache folder). Each row reads its own cached positions in place, in float32 for
-    a bfloat16 cache too. SmolLM2-135M on `tokenflow bench engine`'s workload, two threads, AVX-512:
-    15-17% more tokens/s in bfloat16, 10% in float32 (docs/performance.md). Where it cannot build
-    (no compiler) or serve the model (a head dim not a multiple of 8 up to 256, more than 16
-    query heads per kv head), the engine says so at start and attends with PyTorch's
-    operations, as with false."""
+    system's C++ compiler (``$CXX``, else ``c++``; about a second each, once per machine and
+    model shape, cached in tokenflow's cache folder). Attention reads each row's own cached
+    positions in place, in float32 for a bfloat16 cache too; RMSNorm is one pass, with the
+    residual add before it, rounded as transformers rounds. SmolLM2-135M on `tokenflow bench
+    engine`'s workload, two threads, AVX-512: attention alone 15-17% more tokens/s in bfloat16,
+    10% in float32 (docs/performance.md). Where one cannot build (no compiler) or serve the
+    model (attention: a head dim not a multiple of 8 up to 256, more than 16 query heads per kv
+    head), the engine says so at start and runs PyTorch's operations there, as with false."""
 
     max_num_batched_tokens: int = Field(default=4096, ge=1)
     """Token budget of one prefill step, counted as (prompts in the step) x (longest prompt), i.e.

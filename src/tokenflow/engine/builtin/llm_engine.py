@@ -40,7 +40,7 @@ from tokenflow.engine.loading.loader import (
 )
 from tokenflow.engine.builtin.model_runner import ModelRunner
 from tokenflow.engine.builtin.models import model_class
-from tokenflow.engine.builtin.kernels import engine_kernel
+from tokenflow.engine.builtin.kernels import use_engine_kernels
 from tokenflow.engine.request import RequestLimits
 from tokenflow.engine.builtin.models.packed import can_pack, packing_note
 from tokenflow.engine.builtin.sampler import Sampler, SamplingBatch
@@ -127,7 +127,8 @@ class Engine:
         detok = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, detok, self._reusable)
-        self.runner.attention_kernel = engine_kernel(config.attention_kernel, self.device, self.dtype, hf_config)
+        self.runner.attention_kernel = use_engine_kernels(config.cpu_kernels, self.model, self.device, self.dtype,
+                                                          hf_config)
         self.sampler = Sampler()
         self.lock = threading.RLock()
         self.paused = False
@@ -141,7 +142,7 @@ class Engine:
                     cls.__name__, self.device, str(self.dtype).removeprefix("torch."),
                     sum(v.numel() for v in views.values()) / 1e6, self.max_model_len, config.max_num_seqs,
                     packing_note(self.model),
-                    ", decode attention by the compiled CPU kernel (engine.attention_kernel)" if self.runner.attention_kernel else "")
+                    ", compiled CPU kernels (engine.cpu_kernels)" if self.runner.attention_kernel else "")
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -228,8 +228,7 @@ class ModelRunner:
         """A decode step attended by the compiled kernel: each row reads its own positions only
         (no masks, and no split for long-tailed batches: a short row costs its own length)."""
         ends = positions + 1
-        ctx = AttentionContext("decode", cache=self.cache, write_index=self.cache.decode_index(positions),
-                               length=length, kernel=self.attention_kernel, row_ends=ends,
+        ctx = AttentionContext("decode", cache=self.cache, length=length, kernel=self.attention_kernel, row_ends=ends,
                                row_starts=torch.zeros_like(ends))
         window = self.model.window
         if window is not None and length > window:

@@ -1,7 +1,8 @@
 // One decode step's attention over the slot KV cache, for the built-in engine on the CPU.
 //
-// Row b attends its query heads to positions [starts[b], ends[b]) of its own slot, reading the
-// cache in place (strided, no gather); the G query heads that share a kv head (grouped-query
+// Row b writes this step's key and value at position ends[b] - 1 of its slot, then attends its
+// query heads to positions [starts[b], ends[b]) of the slot, reading the cache in place
+// (strided, no gather); the G query heads that share a kv head (grouped-query
 // attention) read each key and value row once. Scores, softmax and the weighted sum are in
 // float32 whatever the cache's dtype (bfloat16 rows are widened as they are read); the output
 // is rounded once, to nearest even. Rows run in parallel over (row, kv head) pairs on OpenMP's
@@ -57,8 +58,10 @@ inline void store(uint16_t* p, float x) {  // round to nearest even, NaN kept qu
 }
 
 struct Args {
-  const void* q; const void* k; const void* v; void* out;
+  const void* q; void* k; void* v; void* out;
   int64_t ks0, ks1, ks2, vs0, vs1, vs2;
+  const void* k_new; const void* v_new;  // this step's keys/values, [batch, kv_heads, dim]
+  int64_t kn0, kn1, vn0, vn1;
   const int64_t* starts; const int64_t* ends;
   int64_t batch, kv_heads;
   float scale;
@@ -71,8 +74,10 @@ void run(const Args& a) {
   constexpr int C = D / W;
   typedef typename Vec<W>::f vf;
   const T* qp = static_cast<const T*>(a.q);
-  const T* kp = static_cast<const T*>(a.k);
-  const T* vp = static_cast<const T*>(a.v);
+  T* kp = static_cast<T*>(a.k);
+  T* vp = static_cast<T*>(a.v);
+  const T* knp = static_cast<const T*>(a.k_new);
+  const T* vnp = static_cast<const T*>(a.v_new);
   T* op = static_cast<T*>(a.out);
   const int64_t pairs = a.batch * a.kv_heads;
 #pragma omp parallel num_threads(a.threads)
@@ -83,6 +88,11 @@ void run(const Args& a) {
       const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads;
       const int64_t s = a.starts[b], n = a.ends[b] - s;
       T* ob = op + bh * G * D;
+      // This step's key and value go in at the row's last position first (this pair's own
+      // cache row: no other thread touches it).
+      const int64_t last = a.ends[b] - 1;
+      std::memcpy(kp + b * a.ks0 + h * a.ks1 + last * a.ks2, knp + b * a.kn0 + h * a.kn1, D * sizeof(T));
+      std::memcpy(vp + b * a.vs0 + h * a.vs1 + last * a.vs2, vnp + b * a.vn0 + h * a.vn1, D * sizeof(T));
       if (n <= 0) {
         for (int i = 0; i < G * D; ++i) store(ob + i, 0.f);
         continue;
@@ -146,15 +156,19 @@ void run(const Args& a) {
 
 // Built for one model's shape (the defines above), so a build takes about a second.
 // q: [batch, kv_heads, TF_GROUP, TF_HEAD_DIM] contiguous; k/v: the cache, element strides given
-// for its slot, kv-head and position dims (its last dim contiguous); out like q. Returns 0, or 1
-// where the call's dtype, group or head dim is not the build's.
-extern "C" int tf_decode_attention(int bfloat16, const void* q, const void* k, const void* v, void* out,
+// for its slot, kv-head and position dims (its last dim contiguous), into which k_new/v_new
+// ([batch, kv_heads, dim], strides given for the first two dims) are written at position
+// ends[b] - 1 of slot b; out like q. Returns 0, or 1 where the call's dtype, group or head dim
+// is not the build's.
+extern "C" int tf_decode_attention(int bfloat16, const void* q, void* k, void* v, void* out,
                                    int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,
-                                   int64_t vs2, const int64_t* starts, const int64_t* ends,
-                                   int64_t batch, int64_t kv_heads, int64_t group, int64_t dim,
-                                   float scale, int threads) {
+                                   int64_t vs2, const void* k_new, const void* v_new, int64_t kn0,
+                                   int64_t kn1, int64_t vn0, int64_t vn1, const int64_t* starts,
+                                   const int64_t* ends, int64_t batch, int64_t kv_heads, int64_t group,
+                                   int64_t dim, float scale, int threads) {
   if (bfloat16 != TF_BFLOAT16 || group != TF_GROUP || dim != TF_HEAD_DIM) return 1;
-  const Args a{q, k, v, out, ks0, ks1, ks2, vs0, vs1, vs2, starts, ends, batch, kv_heads, scale, threads};
+  const Args a{q, k, v, out, ks0, ks1, ks2, vs0, vs1, vs2, k_new, v_new, kn0, kn1, vn0, vn1,
+               starts, ends, batch, kv_heads, scale, threads};
   run<std::conditional_t<TF_BFLOAT16 == 1, uint16_t, float>, TF_GROUP, TF_HEAD_DIM>(a);
   return 0;
 }

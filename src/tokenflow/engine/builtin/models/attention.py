@@ -156,18 +156,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Att
     """``q`` [B, H, D], ``k``/``v`` [B, KVH, D] (the new token) -> [B, H * D]."""
     k_cache, v_cache = ctx.cache.k[layer], ctx.cache.v[layer]
     batch, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    if ctx.kernel is not None:  # writes the new keys/values itself, then reads each row's own positions
+        starts = ctx.window_starts if layer in ctx.windowed else ctx.row_starts
+        q = q.view(batch, kv_heads, heads // kv_heads, dim)
+        return ctx.kernel(q, k_cache, v_cache, k, v, starts, ctx.row_ends, scale).view(batch, heads * dim)
     # The new keys/values go in through a flat view, one row per (slot, kv head): an index_copy_
     # with indices computed once per step, not advanced indexing in every layer.
     k_cache.view(-1, dim).index_copy_(0, ctx.write_index, k.reshape(-1, dim))
     v_cache.view(-1, dim).index_copy_(0, ctx.write_index, v.reshape(-1, dim))
-    kv_heads = k.shape[1]
     # Grouped-query attention without repeating K/V: query head h uses kv head h // group, so
     # [B, KVH, group, D] queries meet [B, KVH, L, D] keys head for head.
     q = q.view(batch, kv_heads, heads // kv_heads, dim)
     windowed = layer in ctx.windowed
-    if ctx.kernel is not None:
-        starts = ctx.window_starts if windowed else ctx.row_starts
-        return ctx.kernel(q, k_cache, v_cache, starts, ctx.row_ends, scale).view(batch, heads * dim)
     bias = ctx.window_bias if windowed else ctx.key_bias
     split = ctx.long_rows is not None and not windowed
     length = ctx.short_length if split else ctx.length

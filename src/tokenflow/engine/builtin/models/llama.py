@@ -50,13 +50,25 @@ class LlamaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
+    kernel = None
+    """The compiled CPU kernel (`tokenflow.engine.builtin.kernels.RMSNorm`; set by the engine)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As transformers: normalise in float32, cast back, then scale (one fused kernel in
         # float32, where the casts are no-ops).
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
         return self.weight * h.to(x.dtype)
+
+    def add_forward(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h + delta, norm(h + delta))``: the residual add and the next norm (one kernel)."""
+        if self.kernel is not None:
+            return self.kernel(delta, self.weight, self.eps, residual=h)
+        h = h + delta
+        return h, self(h)
 
 
 class LlamaMLP(nn.Module):
@@ -123,8 +135,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: AttentionContext, layer: int) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(h), cos, sin, ctx, layer)
+        h, x = self.post_attention_layernorm.add_forward(h, attended)
+        return h + self.mlp(x)
 
     def make_mlp(self, config, flags: ArchFlags, index: int) -> nn.Module:
         """The feed-forward block of layer ``index`` (mixture-of-experts families override it)."""
