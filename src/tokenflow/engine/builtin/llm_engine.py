@@ -127,8 +127,7 @@ class Engine:
         detok = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, detok, self._reusable)
-        self.runner.attention_kernel = use_engine_kernels(config.cpu_kernels, self.model, self.device, self.dtype,
-                                                          hf_config)
+        self.runner.attention_kernel = use_engine_kernels(config.cpu_kernels, self.model, self.device, hf_config)
         self.sampler = Sampler()
         self.lock = threading.RLock()
         self.paused = False

@@ -113,13 +113,14 @@ def rms_norm_kernel() -> tuple[RMSNorm | None, str]:
         return None, str(e)
 
 
-def use_engine_kernels(enabled: bool, model, device: torch.device, dtype: torch.dtype, hf_config) -> DecodeAttention | None:
+def use_engine_kernels(enabled: bool, model, device: torch.device, hf_config) -> DecodeAttention | None:
     """Give ``model``'s RMSNorms the norm kernel and return the attention kernel, where
     ``engine.cpu_kernels`` asks for them and they can run here; a warning says why one cannot."""
     if not enabled or device.type != "cpu":
         return None
     from tokenflow.engine.builtin.models.llama import LlamaRMSNorm, head_dim_of
 
+    dtype = model.lm_head.weight.dtype
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     attention, why = decode_attention_kernel(dtype, heads // kv_heads, head_dim_of(hf_config))
