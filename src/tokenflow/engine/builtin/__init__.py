@@ -7,8 +7,8 @@ caches for multi-turn continuations.
 Layout (one concept per file): `llm_engine` (`Engine`), `sequence` (a sample's state, and
 `make_group`, which builds a request's sequences from the seam's `plan_request`), `scheduler`,
 `model_runner`, `sampler` (behaviour log-probs, sampling supports), `weight_update` (the update
-modes), `cache/` (KV slots, parked KV) and `models/` (Llama, Qwen2/3, Mistral and their MoE
-families). Its capabilities are `tokenflow.engine.backends.BUILTIN`.
+modes), `cache/` (KV slots, parked KV), `models/` (Llama, Qwen2/3, Mistral and their MoE
+families) and `kernels/` (decode attention and RMSNorm in C++, compiled on first use). Its capabilities are `tokenflow.engine.backends.BUILTIN`.
 
 May import: layer 1 and the engine seam (``tokenflow.engine``'s own modules and ``loading/``);
 never another backend (``tokenflow.engine.vllm``).

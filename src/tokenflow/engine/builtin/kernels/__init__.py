@@ -4,6 +4,9 @@ first use and cached (`build`): decode attention over the slot KV cache
 
 Where one cannot be built (no compiler) or cannot serve the model, the engine says why at start
 and runs PyTorch's operations in its place.
+
+May import: layer 1, ``tokenflow.model_store`` (the cache folder the libraries go to) and
+``tokenflow.engine.builtin.models`` (the norms it hands the kernel to).
 """
 
 from __future__ import annotations
