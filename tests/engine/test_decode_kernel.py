@@ -153,13 +153,20 @@ def test_without_a_compiler_the_engine_says_why_and_attends_with_torch(monkeypat
     assert not list(tmp_path.glob("kernels/*.so"))
 
 
-def test_a_kernel_built_for_another_shape_refuses_the_call():
+def test_a_kernel_refuses_calls_it_was_not_built_for_or_that_would_overrun():
     q, k_cache, v_cache, starts, ends = case(torch.float32, 2, 1, 3, 64, 5, seed=0)
     k, v = new_rows(q, seed=0)
     with pytest.raises(ValueError, match="another shape"):
         kernel_for(torch.float32, 4, 64)(q, k_cache, v_cache, k, v, starts, ends, 0.125)
     with pytest.raises(ValueError, match="rows end at positions"):  # a write past the cache: refused
         kernel_for(torch.float32, 3, 64)(q, k_cache, v_cache, k, v, starts, ends + 5, 0.125)
+    kernel = kernel_for(torch.float32, 3, 64)  # what would make it read or write the wrong memory
+    with pytest.raises(ValueError, match="one dtype"):
+        kernel(q, k_cache.bfloat16(), v_cache, k, v, starts, ends, 0.125)
+    with pytest.raises(ValueError, match="int64"):
+        kernel(q, k_cache, v_cache, k, v, starts.int(), ends, 0.125)
+    with pytest.raises(ValueError, match="kv heads and head dim"):
+        kernel(q, k_cache[:, :, :, :32], v_cache, k, v, starts, ends, 0.125)
 
 
 def test_unsupported_shapes_are_named():

@@ -53,9 +53,19 @@ class DecodeAttention:
         ``starts[b] <= j < ends[b]``. Returns [B, KVH, G, D]."""
         q = q.contiguous()
         batch, kv_heads, group, dim = q.shape
+        # The kernel reads and writes raw memory: what it is handed is checked here.
+        if {t.dtype for t in (k_cache, v_cache, k, v)} != {q.dtype}:
+            raise ValueError("the queries, the KV cache and the new keys/values must share one dtype")
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("the KV cache's rows and the new keys/values must be contiguous in their last dim")
-        if int(ends.max()) > k_cache.shape[2] or int(ends.min()) < 1 or k_cache.shape[0] < batch:
+        if (k.shape != (batch, kv_heads, dim) or v.shape != k.shape or k_cache.shape[1:2] != (kv_heads,)
+                or k_cache.shape[3] != dim or v_cache.shape != k_cache.shape):
+            raise ValueError("the KV cache and the new keys/values must match the queries' kv heads and head dim")
+        for t in (starts, ends):
+            if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (batch,):
+                raise ValueError(f"starts/ends: contiguous int64 tensors of {batch} rows")
+        if (int(ends.max()) > k_cache.shape[2] or int(ends.min()) < 1 or int(starts.min()) < 0
+                or k_cache.shape[0] < batch):
             raise ValueError(f"rows end at positions 1..{k_cache.shape[2]} of slots 0..{k_cache.shape[0] - 1}")
         out = torch.empty_like(q)
         code = self.fn(DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
@@ -95,6 +105,8 @@ class RMSNorm:
             raise ValueError(f"RMSNorm kernel: float32 or bfloat16 rows and weight alike, got {x.dtype}/{weight.dtype}")
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).contiguous()
+        if weight.numel() != rows.shape[1] or (residual is not None and residual.shape != shape):
+            raise ValueError(f"RMSNorm kernel: a weight of {rows.shape[1]} and a residual shaped like the rows")
         out = torch.empty_like(rows)
         summed = None
         if residual is not None:
