@@ -181,3 +181,23 @@ def test_switched_off_nothing_is_built(monkeypatch, tmp_path):
     engine = make_engine(hf_model("llama", seed=1), cpu_kernels=False)
     assert engine.runner.attention_kernel is None
     assert not (tmp_path / "kernels").exists()
+
+
+def test_a_killed_builds_temporary_file_is_removed_by_the_next_build(monkeypatch, tmp_path):
+    """A process killed mid-build leaves ``.build-*.so`` behind; the next build removes any older
+    than a build may take (a newer one may belong to a build still running)."""
+    import os
+    import time
+
+    from tokenflow.engine.builtin.kernels import build
+
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    stale, fresh = folder / ".build-stale.so", folder / ".build-fresh.so"
+    stale.write_bytes(b"half a library")
+    fresh.write_bytes(b"a build in progress")
+    old = time.time() - 3 * build.BUILD_TIMEOUT_S
+    os.utime(stale, (old, old))
+    monkeypatch.setenv("TOKENFLOW_CACHE", str(tmp_path))
+    assert kernels.rms_norm_kernel()[0] is not None  # built anew in this cache
+    assert not stale.exists() and fresh.exists()

@@ -64,14 +64,15 @@ class DecodeAttention:
         for t in (starts, ends):
             if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (batch,):
                 raise ValueError(f"starts/ends: contiguous int64 tensors of {batch} rows")
-        if (int(ends.max()) > k_cache.shape[2] or int(ends.min()) < 1 or int(starts.min()) < 0
-                or k_cache.shape[0] < batch):
-            raise ValueError(f"rows end at positions 1..{k_cache.shape[2]} of slots 0..{k_cache.shape[0] - 1}")
+        slots, capacity = k_cache.shape[0], k_cache.shape[2]
         out = torch.empty_like(q)
+        # The rows' bounds are checked by the kernel itself, before it touches anything (2).
         code = self.fn(DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                        *k_cache.stride()[:3], *v_cache.stride()[:3], k.data_ptr(), v.data_ptr(),
                        *k.stride()[:2], *v.stride()[:2], starts.data_ptr(), ends.data_ptr(),
-                       batch, kv_heads, group, dim, scale, torch.get_num_threads())
+                       batch, kv_heads, group, dim, slots, capacity, scale, torch.get_num_threads())
+        if code == 2:
+            raise ValueError(f"rows end at positions 1..{capacity} of slots 0..{slots - 1}")
         if code:
             raise ValueError(f"the decode-attention kernel was built for another shape than {q.dtype}, "
                              f"group {group}, head dim {dim}")
@@ -83,8 +84,8 @@ def decode_attention_kernel(dtype: torch.dtype, group: int, head_dim: int) -> tu
     why = supports(dtype, group, head_dim)
     if why is not None:
         return None, why
-    defines = [f"-DTF_GROUP={group}", f"-DTF_HEAD_DIM={head_dim}", f"-DTF_BFLOAT16={DTYPES[dtype]}"]
-    argtypes = [ctypes.c_int, *[_ptr] * 4, *[_i64] * 6, _ptr, _ptr, *[_i64] * 4, _ptr, _ptr, *[_i64] * 4,
+    defines = [f"-DTF_GROUP={int(group)}", f"-DTF_HEAD_DIM={int(head_dim)}", f"-DTF_BFLOAT16={DTYPES[dtype]}"]
+    argtypes = [ctypes.c_int, *[_ptr] * 4, *[_i64] * 6, _ptr, _ptr, *[_i64] * 4, _ptr, _ptr, *[_i64] * 6,
                 ctypes.c_float, ctypes.c_int]
     try:
         return DecodeAttention(entry_point("decode_attention.cpp", defines, "tf_decode_attention", argtypes,

@@ -12,6 +12,7 @@ workers, a trainer and an engine) each end with a whole library and none waits o
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ def compiler() -> str:
     return cxx
 
 
+@functools.cache
 def _cpu_signature() -> str:
     """The CPU's model and feature flags (Linux), else the machine's name."""
     try:
@@ -54,13 +57,21 @@ def _cpu_signature() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
-def build_key(cxx: str, source: Path, flags: list[str]) -> str:
+@functools.cache
+def _compiler_version(cxx: str) -> str:
     try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelUnavailable(f"C++ compiler {cxx!r} does not run: {e}") from None
+
+
+def build_key(cxx: str, source: Path, flags: list[str]) -> str:
+    """The source and the headers beside it (a changed header builds anew), the flags, the
+    compiler's version and the CPU."""
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(flags).encode(), version.encode(), _cpu_signature().encode()):
+    headers = [h.read_bytes() for h in sorted(HERE.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, " ".join(flags).encode(), _compiler_version(cxx).encode(),
+                 _cpu_signature().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:20]
@@ -79,6 +90,7 @@ def build(folder: Path, source: str, defines: list[str]) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KernelUnavailable(f"cannot create {folder} ({e}); set TOKENFLOW_CACHE to a writable folder") from None
+    _remove_stale_builds(folder)
     logger.info("compiling the CPU kernel %s %s (once per machine) into %s", source, " ".join(defines), folder)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".build-", suffix=".so")
     os.close(fd)
@@ -96,6 +108,17 @@ def build(folder: Path, source: str, defines: list[str]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def _remove_stale_builds(folder: Path) -> None:
+    """Temporary files of builds whose process was killed: any older than a build may take
+    cannot belong to one still running."""
+    for tmp in folder.glob(".build-*.so"):
+        try:
+            if time.time() - tmp.stat().st_mtime > 2 * BUILD_TIMEOUT_S:
+                tmp.unlink()
+        except OSError:
+            pass  # another process removed it first
 
 
 def entry_point(source: str, defines: list[str], name: str, argtypes: list, restype=None):

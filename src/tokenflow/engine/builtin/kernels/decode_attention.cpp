@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "bfloat16.h"
+
 namespace {
 
 // Vectors of W float32 lanes (16: 64 bytes, 8: 32 bytes), and the bfloat16 and integer
@@ -49,14 +51,6 @@ inline float hsum(typename Vec<W>::f v) {
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
 }
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even, NaN kept quiet
-  uint32_t u; std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) { *p = static_cast<uint16_t>((u >> 16) | 0x40); return; }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = static_cast<uint16_t>(u >> 16);
-}
-
 struct Args {
   const void* q; void* k; void* v; void* out;
   int64_t ks0, ks1, ks2, vs0, vs1, vs2;
@@ -94,7 +88,7 @@ void run(const Args& a) {
       std::memcpy(kp + b * a.ks0 + h * a.ks1 + last * a.ks2, knp + b * a.kn0 + h * a.kn1, D * sizeof(T));
       std::memcpy(vp + b * a.vs0 + h * a.vs1 + last * a.vs2, vnp + b * a.vn0 + h * a.vn1, D * sizeof(T));
       if (n <= 0) {
-        for (int i = 0; i < G * D; ++i) store(ob + i, 0.f);
+        for (int i = 0; i < G * D; ++i) ob[i] = tf::narrow<T>(0.f);
         continue;
       }
       vf qv[G][C];
@@ -143,7 +137,7 @@ void run(const Args& a) {
       }
       for (int g = 0; g < G; ++g)
         for (int c = 0; c < C; ++c)
-          for (int i = 0; i < W; ++i) store(ob + g * D + c * W + i, acc[g][c][i] * inv[g]);
+          for (int i = 0; i < W; ++i) ob[g * D + c * W + i] = tf::narrow<T>(acc[g][c][i] * inv[g]);
     }
   }
 }
@@ -158,15 +152,19 @@ void run(const Args& a) {
 // q: [batch, kv_heads, TF_GROUP, TF_HEAD_DIM] contiguous; k/v: the cache, element strides given
 // for its slot, kv-head and position dims (its last dim contiguous), into which k_new/v_new
 // ([batch, kv_heads, dim], strides given for the first two dims) are written at position
-// ends[b] - 1 of slot b; out like q. Returns 0, or 1 where the call's dtype, group or head dim
-// is not the build's.
+// ends[b] - 1 of slot b; out like q. slots and capacity are the cache's first and position dims.
+// Returns 0; 1 where the call's dtype, group or head dim is not the build's; 2 where a row would
+// read or write outside the cache (nothing is touched then).
 extern "C" int tf_decode_attention(int bfloat16, const void* q, void* k, void* v, void* out,
                                    int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,
                                    int64_t vs2, const void* k_new, const void* v_new, int64_t kn0,
                                    int64_t kn1, int64_t vn0, int64_t vn1, const int64_t* starts,
                                    const int64_t* ends, int64_t batch, int64_t kv_heads, int64_t group,
-                                   int64_t dim, float scale, int threads) {
+                                   int64_t dim, int64_t slots, int64_t capacity, float scale, int threads) {
   if (bfloat16 != TF_BFLOAT16 || group != TF_GROUP || dim != TF_HEAD_DIM) return 1;
+  if (batch > slots) return 2;
+  for (int64_t b = 0; b < batch; ++b)
+    if (starts[b] < 0 || ends[b] < 1 || ends[b] > capacity) return 2;
   const Args a{q, k, v, out, ks0, ks1, ks2, vs0, vs1, vs2, k_new, v_new, kn0, kn1, vn0, vn1,
                starts, ends, batch, kv_heads, scale, threads};
   run<std::conditional_t<TF_BFLOAT16 == 1, uint16_t, float>, TF_GROUP, TF_HEAD_DIM>(a);

@@ -9,18 +9,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bfloat16.h"
+
 namespace {
 
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) { uint32_t u = static_cast<uint32_t>(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
-inline float narrow(float x, const float*) { return x; }
-inline uint16_t narrow(float x, const uint16_t*) {  // round to nearest even, NaN kept quiet
-  uint32_t u; std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-template <typename T> inline float round_to(float x) { return widen(narrow(x, static_cast<const T*>(nullptr))); }
+template <typename T> inline float round_to(float x) { return tf::widen(tf::narrow<T>(x)); }
 
 template <typename T>
 void run(const T* x, const T* residual, const T* weight, T* sum_out, T* out, int64_t rows, int64_t hidden,
@@ -35,16 +28,16 @@ void run(const T* x, const T* residual, const T* weight, T* sum_out, T* out, int
       const T* rr = residual + r * hidden;
       T* sr = sum_out + r * hidden;
 #pragma omp simd
-      for (int64_t i = 0; i < hidden; ++i) sr[i] = narrow(widen(xr[i]) + widen(rr[i]), xr);
+      for (int64_t i = 0; i < hidden; ++i) sr[i] = tf::narrow<T>(tf::widen(xr[i]) + tf::widen(rr[i]));
       src = sr;
     }
     float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
-    for (int64_t i = 0; i < hidden; ++i) { const float v = widen(src[i]); squares += v * v; }
+    for (int64_t i = 0; i < hidden; ++i) { const float v = tf::widen(src[i]); squares += v * v; }
     const float scale = 1.f / std::sqrt(squares / static_cast<float>(hidden) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < hidden; ++i)
-      orow[i] = narrow(widen(weight[i]) * round_to<T>(widen(src[i]) * scale), xr);
+      orow[i] = tf::narrow<T>(tf::widen(weight[i]) * round_to<T>(tf::widen(src[i]) * scale));
   }
 }
 
